@@ -1,0 +1,1 @@
+"""onmt_lite: a small OpenNMT-style beam-search translator."""

@@ -1,0 +1,137 @@
+"""Saving and loading checkpoints: the only place files become models.
+
+A native checkpoint is one ``.pt`` file of plain containers: ``{"format": "onmt_lite",
+"version": 1, "opt": dict, "vocab": {"src": [...], "tgt": [...]}, "model": state dict,
+"generator": state dict}`` (plus ``"train"`` with the optimizer state while training).
+Files are always read with ``torch.load(weights_only=True)``: nothing inside can run code.
+"""
+import argparse
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from onmt_lite import onmt_py
+from onmt_lite.models.model import NMTModel, build_model, model_options
+from onmt_lite.vocab import Vocab
+
+FORMAT, VERSION = "onmt_lite", 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a loadable checkpoint; the message names the file and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    opt: dict
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    model_state: dict
+    generator_state: dict
+    train_state: dict = field(default_factory=dict)
+    origin: str = FORMAT  # "onmt_lite" or "opennmt-py"
+
+
+def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Vocab, opt: dict,
+                    half: bool = False, train_state: Optional[dict] = None) -> None:
+    """Writes a native checkpoint atomically (temporary file, then rename)."""
+    def plain(state):
+        return {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone()
+                for k, v in state.items()}
+    payload = {
+        "format": FORMAT, "version": VERSION, "opt": model_options(opt),
+        "vocab": {"src": list(src_vocab.itos), "tgt": list(tgt_vocab.itos)},
+        "model": plain({k: v for k, v in model.state_dict().items()
+                        if not k.startswith("generator.")}),
+        "generator": plain(model.generator.state_dict()),
+    }
+    if train_state:
+        payload["train"] = train_state
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _read(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        # argparse.Namespace is the one class allowed: OpenNMT-py stores its options in one.
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        unsupported = [line.strip() for line in str(err).splitlines() if "Unsupported" in line]
+        reason = unsupported[0] if unsupported else first
+        raise CheckpointError(f"{path}: refused, the file holds more than plain data ({reason})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
+                              f"{str(err).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a checkpoint (a {type(data).__name__}, not a dict)")
+    return data
+
+
+def load_checkpoint(path: str) -> Checkpoint:
+    """Reads and validates a native or OpenNMT-py 3.x checkpoint."""
+    data = _read(path)
+    if "format" not in data and onmt_py.is_onmt_py(data):
+        try:
+            return Checkpoint(*onmt_py.convert(data), origin="opennmt-py")
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from None
+    if data.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: unknown checkpoint format {data.get('format')!r}")
+    if data.get("version") != VERSION:
+        raise CheckpointError(f"{path}: unsupported {FORMAT} checkpoint version "
+                              f"{data.get('version')!r} (this is version {VERSION})")
+    for key, kind in (("opt", dict), ("vocab", dict), ("model", dict), ("generator", dict)):
+        if not isinstance(data.get(key), kind):
+            raise CheckpointError(f"{path}: missing or malformed {key!r}")
+    try:
+        vocabs = [Vocab(data["vocab"][side]) for side in ("src", "tgt")]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: bad vocabulary: {err}") from None
+    return Checkpoint(data["opt"], vocabs[0], vocabs[1], data["model"], data["generator"],
+                      data.get("train", {}))
+
+
+def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTModel:
+    """Builds the model of ``ckpt`` with its weights in fp32; refuses weights that do not fit."""
+    try:
+        model = build_model(ckpt.opt, len(ckpt.src_vocab), len(ckpt.tgt_vocab),
+                            ckpt.src_vocab.pad, ckpt.tgt_vocab.pad)
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: bad model options: {err}") from None
+    state = {k: v.float() if v.is_floating_point() else v for k, v in ckpt.model_state.items()}
+    state.update({f"generator.{k}": v.float() for k, v in ckpt.generator_state.items()})
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the model options "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, tensor in expected.items():
+        if state[name].shape != tensor.shape:
+            raise CheckpointError(
+                f"{path}: {name} has shape {tuple(state[name].shape)}, the model options and "
+                f"vocabularies need {tuple(tensor.shape)}")
+    model.load_state_dict(state)
+    return model
+
+
+def load_model(path: str, device: str = "cpu"):
+    """Loads a checkpoint and returns (model in eval mode, checkpoint)."""
+    ckpt = load_checkpoint(path)
+    model = build_from_checkpoint(ckpt, path).to(device).eval()
+    return model, ckpt

@@ -1,0 +1,94 @@
+"""Attention layers. Each returns (context, weights); none stores weights on itself."""
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from onmt_lite.constants import MASKED_LOGIT
+
+
+class GlobalAttention(nn.Module):
+    """Luong attention of the RNN decoder: ``dot``, ``general`` or ``mlp`` (Bahdanau) scores."""
+
+    def __init__(self, dim: int, attn_type: str = "general"):
+        super().__init__()
+        if attn_type not in ("dot", "general", "mlp"):
+            raise ValueError(f"unsupported global_attention {attn_type!r}")
+        self.attn_type = attn_type
+        if attn_type == "general":
+            self.linear_in = nn.Linear(dim, dim, bias=False)
+        elif attn_type == "mlp":
+            self.linear_context = nn.Linear(dim, dim, bias=False)
+            self.linear_query = nn.Linear(dim, dim, bias=True)
+            self.v = nn.Linear(dim, 1, bias=False)
+        self.linear_out = nn.Linear(dim * 2, dim, bias=attn_type == "mlp")
+
+    def score(self, query: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) x (B, S, H) -> (B, T, S)."""
+        if self.attn_type == "mlp":
+            wq = self.linear_query(query).unsqueeze(2)  # (B, T, 1, H)
+            uh = self.linear_context(memory).unsqueeze(1)  # (B, 1, S, H)
+            return self.v(torch.tanh(wq + uh)).squeeze(-1)
+        if self.attn_type == "general":
+            query = self.linear_in(query)
+        return torch.bmm(query, memory.transpose(1, 2))
+
+    def forward(self, query: torch.Tensor, memory: torch.Tensor,
+                src_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Attends ``query`` (B, T, H) over ``memory`` (B, S, H).
+
+        Args:
+            src_mask: (B, 1, S), True at padded positions.
+        Returns:
+            output (B, T, H) and attention weights (B, T, S).
+        """
+        align = self.score(query, memory).masked_fill(src_mask, float("-inf"))
+        weights = torch.softmax(align, dim=-1)
+        context = torch.bmm(weights, memory)
+        output = self.linear_out(torch.cat([context, query], dim=-1))
+        if self.attn_type != "mlp":
+            output = torch.tanh(output)
+        return output, weights
+
+
+class MultiHeadedAttention(nn.Module):
+    """Multi-head scaled dot-product attention (OpenNMT-py layout: no bias by default)."""
+
+    def __init__(self, heads: int, dim: int, dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"hidden size {dim} is not a multiple of heads {heads}")
+        self.heads, self.dim_per_head = heads, dim // heads
+        self.linear_keys = nn.Linear(dim, dim, bias=bias)
+        self.linear_values = nn.Linear(dim, dim, bias=bias)
+        self.linear_query = nn.Linear(dim, dim, bias=bias)
+        self.final_linear = nn.Linear(dim, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.heads, self.dim_per_head).transpose(1, 2)  # (B, h, L, d)
+
+    def project_kv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``x`` (B, L, H), each (B, h, L, d)."""
+        return self.split_heads(self.linear_keys(x)), self.split_heads(self.linear_values(x))
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``query`` (B, T, H) over projected ``keys``/``values`` (B, h, S, d).
+
+        Args:
+            mask: broadcastable to (B, 1, T, S), True where attention is forbidden.
+        Returns:
+            output (B, T, H) and weights (B, h, T, S).
+        """
+        q = self.split_heads(self.linear_query(query)) / math.sqrt(self.dim_per_head)
+        scores = torch.matmul(q, keys.transpose(2, 3)).float()  # (B, h, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(mask, MASKED_LOGIT)
+        weights = torch.softmax(scores, dim=-1).to(q.dtype)
+        context = torch.matmul(self.dropout(weights), values)  # (B, h, T, d)
+        batch, _, length, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
+        return self.final_linear(context), weights

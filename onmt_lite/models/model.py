@@ -1,0 +1,82 @@
+"""NMTModel (encoder + decoder + generator) and build_model(opt)."""
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
+from onmt_lite.models.transformer import TransformerDecoder, TransformerEncoder
+
+# Model options and their defaults; a checkpoint's "opt" holds these keys.
+MODEL_DEFAULTS = {
+    "model_type": "transformer",  # transformer | rnn
+    "enc_layers": 3, "dec_layers": 3,
+    "hidden_size": 256, "word_vec_size": 256,
+    "dropout": 0.1, "attention_dropout": 0.1,
+    # rnn
+    "rnn_type": "LSTM", "encoder_type": "brnn", "global_attention": "general",
+    # transformer
+    "heads": 4, "transformer_ff": 1024, "add_qkvbias": False, "add_ffnbias": False,
+    "norm_eps": 1e-6, "share_embeddings": False, "share_decoder_embeddings": False,
+}
+
+
+class NMTModel(nn.Module):
+    """Encoder-decoder with a generator; the three calls a search needs."""
+
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear):
+        super().__init__()
+        self.encoder, self.decoder, self.generator = encoder, decoder, generator
+
+    def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> Tuple[torch.Tensor, Optional[tuple]]:
+        """src (B, S) -> memory (B, S, H) and the encoder's final state (RNN only)."""
+        return self.encoder(src, src_len)
+
+    def log_probs(self, dec_out: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V) log-probabilities over the target vocabulary."""
+        return torch.log_softmax(self.generator(dec_out).float(), dim=-1)
+
+    def forward(self, src, src_len, tgt_in) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing: returns log-probs (B, T, V) and attention (B, T, S)."""
+        memory, final = self.encode(src, src_len)
+        self.decoder.init_state(src_len, memory, final)
+        out, attn = self.decoder(tgt_in)
+        return self.log_probs(out), attn
+
+
+def model_options(opt: dict) -> dict:
+    """The model options of ``opt``, defaults filled in; unknown model types refused."""
+    full = {k: opt.get(k, v) for k, v in MODEL_DEFAULTS.items()}
+    if full["model_type"] not in ("rnn", "transformer"):
+        raise ValueError(f"unsupported model_type {full['model_type']!r}")
+    if full["rnn_type"] not in ("LSTM", "GRU"):
+        raise ValueError(f"unsupported rnn_type {full['rnn_type']!r}")
+    if full["encoder_type"] not in ("rnn", "brnn"):
+        raise ValueError(f"unsupported encoder_type {full['encoder_type']!r}")
+    return full
+
+
+def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: int = 1,
+                tgt_pad: int = 1) -> NMTModel:
+    """Builds an NMTModel from model options (see MODEL_DEFAULTS)."""
+    o = model_options(opt)
+    if o["model_type"] == "rnn":
+        encoder = RNNEncoder(src_vocab_size, src_pad, o["rnn_type"], o["encoder_type"] == "brnn",
+                             o["enc_layers"], o["hidden_size"], o["word_vec_size"], o["dropout"])
+        decoder = InputFeedRNNDecoder(tgt_vocab_size, tgt_pad, o["rnn_type"], o["dec_layers"],
+                                      o["hidden_size"], o["word_vec_size"],
+                                      o["global_attention"], o["dropout"])
+    else:
+        common = dict(dim=o["hidden_size"], heads=o["heads"], ff_dim=o["transformer_ff"],
+                      dropout=o["dropout"], attention_dropout=o["attention_dropout"],
+                      qkv_bias=o["add_qkvbias"], ffn_bias=o["add_ffnbias"], eps=o["norm_eps"])
+        encoder = TransformerEncoder(src_vocab_size, src_pad, o["enc_layers"], **common)
+        decoder = TransformerDecoder(tgt_vocab_size, tgt_pad, o["dec_layers"], **common)
+        if o["share_embeddings"]:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("share_embeddings needs one vocabulary for source and target")
+            decoder.embeddings.embeddings.weight = encoder.embeddings.embeddings.weight
+    generator = nn.Linear(o["hidden_size"], tgt_vocab_size)
+    if o["share_decoder_embeddings"]:
+        generator.weight = decoder.embeddings.weight
+    return NMTModel(encoder, decoder, generator)

@@ -1,0 +1,129 @@
+"""RNN encoder (optionally bidirectional) and input-feeding attention decoder."""
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from onmt_lite.models.attention import GlobalAttention
+
+StateFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def padding_mask(src_len: torch.Tensor, max_len: int) -> torch.Tensor:
+    """(B,) lengths -> (B, 1, S) mask, True at padded positions."""
+    positions = torch.arange(max_len, device=src_len.device)
+    return (positions.unsqueeze(0) >= src_len.unsqueeze(1)).unsqueeze(1)
+
+
+class RNNEncoder(nn.Module):
+    """Embeddings and a (bi)directional LSTM/GRU; returns states and the final hidden state."""
+
+    def __init__(self, vocab_size: int, pad: int, rnn_type: str, bidirectional: bool,
+                 layers: int, hidden_size: int, word_vec_size: int, dropout: float):
+        super().__init__()
+        directions = 2 if bidirectional else 1
+        if hidden_size % directions:
+            raise ValueError("brnn needs an even hidden_size")
+        self.bidirectional = bidirectional
+        self.embeddings = nn.Embedding(vocab_size, word_vec_size, padding_idx=pad)
+        self.dropout = nn.Dropout(dropout)
+        rnn_class = {"LSTM": nn.LSTM, "GRU": nn.GRU}[rnn_type]
+        self.rnn = rnn_class(word_vec_size, hidden_size // directions, num_layers=layers,
+                             dropout=dropout if layers > 1 else 0.0,
+                             bidirectional=bidirectional, batch_first=True)
+
+    def forward(self, src: torch.Tensor, src_len: torch.Tensor):
+        """src (B, S) -> memory (B, S, H) and final state, each (layers, B, H)."""
+        emb = self.dropout(self.embeddings(src))
+        packed = pack_padded_sequence(emb, src_len.clamp(min=1).cpu(), batch_first=True,
+                                      enforce_sorted=False)
+        out, final = self.rnn(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        finals = final if isinstance(final, tuple) else (final,)
+        if self.bidirectional:  # (2*layers, B, H/2) -> (layers, B, H): concat directions
+            finals = tuple(torch.cat([h[0::2], h[1::2]], dim=2) for h in finals)
+        return memory, finals
+
+
+class StackedCells(nn.Module):
+    """A stack of LSTM or GRU cells for one decoding step, dropout between layers."""
+
+    def __init__(self, rnn_type: str, layers: int, input_size: int, hidden_size: int,
+                 dropout: float):
+        super().__init__()
+        cell = {"LSTM": nn.LSTMCell, "GRU": nn.GRUCell}[rnn_type]
+        self.is_lstm = rnn_type == "LSTM"
+        self.layers = nn.ModuleList(
+            cell(input_size if i == 0 else hidden_size, hidden_size) for i in range(layers))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, hidden: torch.Tensor, cell: Optional[torch.Tensor]):
+        new_h, new_c = [], []
+        for i, layer in enumerate(self.layers):
+            if self.is_lstm:
+                h_i, c_i = layer(x, (hidden[i], cell[i]))
+                new_c.append(c_i)
+            else:
+                h_i = layer(x, hidden[i])
+            new_h.append(h_i)
+            x = self.dropout(h_i) if i + 1 < len(self.layers) else h_i
+        return x, torch.stack(new_h), torch.stack(new_c) if self.is_lstm else None
+
+
+class InputFeedRNNDecoder(nn.Module):
+    """Decoder whose input at each step is [embedding; previous attentional output]."""
+
+    def __init__(self, vocab_size: int, pad: int, rnn_type: str, layers: int,
+                 hidden_size: int, word_vec_size: int, attn_type: str, dropout: float):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.embeddings = nn.Embedding(vocab_size, word_vec_size, padding_idx=pad)
+        self.emb_dropout = nn.Dropout(dropout)
+        self.rnn = StackedCells(rnn_type, layers, word_vec_size + hidden_size, hidden_size,
+                                dropout)
+        self.attn = GlobalAttention(hidden_size, attn_type)
+        self.dropout = nn.Dropout(dropout)
+        self.state: Dict[str, torch.Tensor] = {}
+
+    # Batch dimension of each state entry, for map_state.
+    STATE_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "src_mask": 0}
+
+    def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final: Tuple) -> None:
+        """Starts decoding from the encoder's final state, with a zero input feed."""
+        self.state = {
+            "hidden": final[0],
+            "input_feed": memory.new_zeros(memory.size(0), self.hidden_size),
+            "memory": memory,
+            "src_mask": padding_mask(src_len, memory.size(1)),
+        }
+        if len(final) > 1:
+            self.state["cell"] = final[1]
+
+    def map_state(self, fn: StateFn) -> None:
+        """Applies ``fn(tensor, batch_dim)`` to every state tensor."""
+        self.state = {k: fn(v, self.STATE_DIMS[k]) for k, v in self.state.items()}
+
+    def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Runs ``tgt`` (B, T) from the current state; returns outputs (B, T, H), attention (B, T, S)."""
+        outputs, attns = [], []
+        for emb_t in self.emb_dropout(self.embeddings(tgt)).unbind(1):
+            out, attn = self._step(emb_t)
+            outputs.append(out)
+            attns.append(attn)
+        return torch.stack(outputs, 1), torch.stack(attns, 1)
+
+    def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""
+        return self._step(self.embeddings(tokens))
+
+    def _step(self, emb: torch.Tensor):
+        s = self.state
+        rnn_in = torch.cat([emb, s["input_feed"]], dim=1)
+        rnn_out, hidden, cell = self.rnn(rnn_in, s["hidden"], s.get("cell"))
+        out, attn = self.attn(rnn_out.unsqueeze(1), s["memory"], s["src_mask"])
+        out = self.dropout(out.squeeze(1))
+        s["hidden"], s["input_feed"] = hidden, out
+        if cell is not None:
+            s["cell"] = cell
+        return out, attn.squeeze(1)

@@ -1,0 +1,177 @@
+"""Pre-norm Transformer encoder and incremental decoder (OpenNMT-py layout)."""
+import math
+from typing import Callable, Dict, Tuple
+
+import torch
+from torch import nn
+
+from onmt_lite.models.attention import MultiHeadedAttention
+from onmt_lite.models.rnn import padding_mask
+
+StateFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
+    """(max_len, dim) interleaved sin/cos position encodings."""
+    position = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float) * -(math.log(10000.0) / dim))
+    table = torch.zeros(max_len, dim)
+    table[:, 0::2] = torch.sin(position * div_term)
+    table[:, 1::2] = torch.cos(position * div_term)
+    return table
+
+
+class PositionalEmbeddings(nn.Module):
+    """Word embeddings scaled by sqrt(dim), plus sinusoidal positions, then dropout."""
+
+    MAX_LEN = 5000
+
+    def __init__(self, vocab_size: int, dim: int, pad: int, dropout: float):
+        super().__init__()
+        self.dim = dim
+        self.embeddings = nn.Embedding(vocab_size, dim, padding_idx=pad)
+        self.register_buffer("pe", sinusoidal_table(self.MAX_LEN, dim), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embeddings.weight
+
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """tokens (B, T) at positions start.. -> (B, T, dim)."""
+        if start + tokens.size(1) > self.MAX_LEN:
+            raise ValueError(f"sequence longer than {self.MAX_LEN} positions")
+        emb = self.embeddings(tokens) * math.sqrt(self.dim)
+        return self.dropout(emb + self.pe[start:start + tokens.size(1)])
+
+
+class FeedForward(nn.Module):
+    """Pre-norm position-wise feed-forward block with its residual connection."""
+
+    def __init__(self, dim: int, ff_dim: int, dropout: float, bias: bool, eps: float):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+        self.w_1 = nn.Linear(dim, ff_dim, bias=bias)
+        self.w_2 = nn.Linear(ff_dim, dim, bias=bias)
+        self.dropout_1 = nn.Dropout(dropout)
+        self.dropout_2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inter = self.dropout_1(torch.relu(self.w_1(self.layer_norm(x))))
+        return self.dropout_2(self.w_2(inter)) + x
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+        self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
+        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        normed = self.layer_norm(x)
+        keys, values = self.self_attn.project_kv(normed)
+        context, _ = self.self_attn.attend(normed, keys, values, mask)
+        return self.feed_forward(self.dropout(context) + x)
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, vocab_size, pad, layers, dim, heads, ff_dim, dropout, attention_dropout,
+                 qkv_bias=False, ffn_bias=False, eps=1e-6):
+        super().__init__()
+        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps)
+            for _ in range(layers))
+        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, src: torch.Tensor, src_len: torch.Tensor):
+        """src (B, S) -> memory (B, S, H); no final state."""
+        mask = padding_mask(src_len, src.size(1)).unsqueeze(1)  # (B, 1, 1, S)
+        x = self.embeddings(src)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.layer_norm(x), None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps):
+        super().__init__()
+        self.layer_norm_1 = nn.LayerNorm(dim, eps=eps)
+        self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
+        self.layer_norm_2 = nn.LayerNorm(dim, eps=eps)
+        self.context_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
+        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, past_kv, self_mask, mem_kv, src_mask):
+        """x (B, T, H) attends to the cached ``past_kv`` plus itself, and to ``mem_kv``.
+
+        Returns the output (B, T, H), the context attention (B, h, T, S) and the grown
+        self-attention keys/values, each (B, h, T_past + T, d).
+        """
+        normed = self.layer_norm_1(x)
+        keys, values = self.self_attn.project_kv(normed)
+        keys = torch.cat([past_kv[0], keys], dim=2)
+        values = torch.cat([past_kv[1], values], dim=2)
+        self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
+        query = self.dropout(self_out) + x
+        ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask)
+        return self.feed_forward(self.dropout(ctx) + query), attn, (keys, values)
+
+
+class TransformerDecoder(nn.Module):
+    """Decoder with a key/value cache per layer, so a step costs O(length)."""
+
+    def __init__(self, vocab_size, pad, layers, dim, heads, ff_dim, dropout, attention_dropout,
+                 qkv_bias=False, ffn_bias=False, eps=1e-6):
+        super().__init__()
+        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout)
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps)
+            for _ in range(layers))
+        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+        self.state: Dict[str, torch.Tensor] = {}
+        self.position = 0
+
+    def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final=None) -> None:
+        """Projects the memory keys/values once per sentence; empties the self-attention cache."""
+        self.position = 0
+        self.state = {"src_mask": padding_mask(src_len, memory.size(1)).unsqueeze(1)}
+        for i, layer in enumerate(self.layers):
+            keys, values = layer.context_attn.project_kv(memory)
+            self.state[f"memory_keys.{i}"] = keys
+            self.state[f"memory_values.{i}"] = values
+            empty = keys.new_zeros(keys.size(0), keys.size(1), 0, keys.size(3))
+            self.state[f"self_keys.{i}"] = empty
+            self.state[f"self_values.{i}"] = empty
+
+    def map_state(self, fn: StateFn) -> None:
+        """Applies ``fn(tensor, batch_dim)`` to every state tensor (all batch-first)."""
+        self.state = {k: fn(v, 0) for k, v in self.state.items()}
+
+    def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
+
+        Self-attention is causal over the cached prefix and ``tgt``; the cache grows by T.
+        """
+        s, length = self.state, tgt.size(1)
+        x = self.embeddings(tgt, start=self.position)
+        total = self.position + length
+        causal = torch.ones(length, total, dtype=torch.bool, device=tgt.device).triu_(
+            self.position + 1)  # True above the diagonal = future positions
+        self_mask = causal if length > 1 else None
+        attn = None
+        for i, layer in enumerate(self.layers):
+            past = (s[f"self_keys.{i}"], s[f"self_values.{i}"])
+            memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
+            x, attn, (s[f"self_keys.{i}"], s[f"self_values.{i}"]) = layer(
+                x, past, self_mask, memory_kv, s["src_mask"])
+        self.position = total
+        return self.layer_norm(x), attn[:, 0]  # head 0 of the last layer, as OpenNMT-py reports
+
+    def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""
+        out, attn = self.forward(tokens.unsqueeze(1))
+        return out.squeeze(1), attn.squeeze(1)

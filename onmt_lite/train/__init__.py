@@ -1,0 +1,1 @@
+"""Training: batching of parallel text, loss, optimizer schedule, the training loop."""

@@ -1,0 +1,197 @@
+"""The training loop: teacher forcing, label smoothing, warm-up schedule, validation, checkpoints."""
+import glob
+import logging
+import math
+import os
+import random
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from onmt_lite.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
+from onmt_lite.corpus import read_parallel
+from onmt_lite.models.model import MODEL_DEFAULTS, build_model
+from onmt_lite.train.batching import collate, make_examples, token_batches
+from onmt_lite.train.optim import build_optimizer, learning_rate
+from onmt_lite.vocab import Vocab
+
+TRAIN_DEFAULTS = {
+    "save_model": "model", "train_steps": 1000, "valid_steps": 500,
+    "save_checkpoint_steps": 500, "keep_checkpoint": 5, "report_every": 50, "seed": 1234,
+    "batch_size": 2048, "valid_batch_size": 2048, "max_len": 100,
+    "src_words_min_frequency": 1, "tgt_words_min_frequency": 1,
+    "src_vocab_size": 0, "tgt_vocab_size": 0, "vocab_size_multiple": 8,
+    "optim": "adam", "adam_beta1": 0.9, "adam_beta2": 0.998, "learning_rate": 2.0,
+    "decay_method": "noam", "warmup_steps": 4000, "label_smoothing": 0.1,
+    "max_grad_norm": 0.0, "param_init": 0.0, "param_init_glorot": True,
+    "train_from": None, "log_file": None, "threads": 0,
+}
+logger = logging.getLogger("onmt_lite.train")
+
+
+def _data_paths(opt: dict, name: str):
+    try:
+        corpus = opt["data"][name]
+        return corpus["path_src"], corpus["path_tgt"]
+    except (KeyError, TypeError):
+        raise ValueError(f"config lacks data.{name}.path_src / path_tgt") from None
+
+
+def _init_params(model: torch.nn.Module, opt: dict) -> None:
+    for p in model.parameters():
+        if opt["param_init"] > 0:
+            p.data.uniform_(-opt["param_init"], opt["param_init"])
+        if opt["param_init_glorot"] and p.dim() > 1:
+            torch.nn.init.xavier_uniform_(p)
+
+
+def _loss(model, batch, smoothing: float, pad: int):
+    """Summed label-smoothed loss, summed NLL and correct-token count of one batch."""
+    memory, final = model.encode(batch.src, batch.src_len)
+    model.decoder.init_state(batch.src_len, memory, final)
+    out, _ = model.decoder(batch.tgt_in)
+    logits = model.generator(out).float().view(-1, model.generator.out_features)
+    gold = batch.tgt_out.reshape(-1)
+    loss = F.cross_entropy(logits, gold, ignore_index=pad, reduction="sum",
+                           label_smoothing=smoothing)
+    with torch.no_grad():
+        nll = F.cross_entropy(logits, gold, ignore_index=pad, reduction="sum")
+        correct = (logits.argmax(-1).eq(gold) & gold.ne(pad)).sum()
+    return loss, nll, correct
+
+
+def validate(model, examples, src_vocab, tgt_vocab, batch_tokens: int, device) -> dict:
+    """Loss per token (no smoothing), perplexity and accuracy on ``examples``."""
+    model.eval()
+    total_nll, total_correct, total_tokens = 0.0, 0, 0
+    with torch.inference_mode():
+        for idx in token_batches(examples, batch_tokens):
+            batch = collate(examples, idx, src_vocab, tgt_vocab).to(device)
+            _, nll, correct = _loss(model, batch, 0.0, tgt_vocab.pad)
+            total_nll += nll.item()
+            total_correct += correct.item()
+            total_tokens += batch.n_tokens
+    model.train()
+    xent = total_nll / max(total_tokens, 1)
+    return {"xent": xent, "ppl": math.exp(min(xent, 100)),
+            "acc": 100.0 * total_correct / max(total_tokens, 1)}
+
+
+def _setup_logging(log_file: Optional[str]) -> None:
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
+        logger.addHandler(handler)
+    if log_file:
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
+        logger.addHandler(handler)
+
+
+def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
+    """Trains a model as ``config`` says (OpenNMT-py style keys); returns the last checkpoint path."""
+    unknown = set(config) - set(TRAIN_DEFAULTS) - set(MODEL_DEFAULTS) - {"data"}
+    if unknown:
+        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
+    opt = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS, **config}
+    _setup_logging(opt["log_file"])
+    if opt["threads"]:
+        torch.set_num_threads(opt["threads"])
+    random.seed(opt["seed"])
+    torch.manual_seed(opt["seed"])
+    rng = random.Random(opt["seed"])
+
+    train_src, train_tgt = read_parallel(*_data_paths(opt, "corpus_1"))
+    valid_src, valid_tgt = read_parallel(*_data_paths(opt, "valid"))
+    if opt["train_from"]:
+        ckpt = load_checkpoint(opt["train_from"])
+        src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
+        model = build_from_checkpoint(ckpt, opt["train_from"])
+        opt.update(ckpt.opt)
+    else:
+        ckpt = None
+        src_vocab = Vocab.build(train_src, opt["src_words_min_frequency"], opt["src_vocab_size"],
+                                opt["vocab_size_multiple"])
+        tgt_vocab = Vocab.build(train_tgt, opt["tgt_words_min_frequency"], opt["tgt_vocab_size"],
+                                opt["vocab_size_multiple"])
+        model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad, tgt_vocab.pad)
+        _init_params(model, opt)
+    model.to(device).train()
+    optimizer = build_optimizer(model.parameters(), opt)
+    step = 0
+    if ckpt is not None and ckpt.train_state:
+        optimizer.load_state_dict(ckpt.train_state["optim"])
+        step = ckpt.train_state["step"]
+        rng.seed(opt["seed"] + step)
+    logger.info("vocab: %d source, %d target; %d parameters", len(src_vocab), len(tgt_vocab),
+                sum(p.numel() for p in model.parameters()))
+
+    train_ex = make_examples(train_src, train_tgt, src_vocab, tgt_vocab, opt["max_len"])
+    valid_ex = make_examples(valid_src, valid_tgt, src_vocab, tgt_vocab, 10 ** 9)
+    saved, path = [], None
+    start, report = time.time(), {"loss": 0.0, "tokens": 0, "correct": 0}
+    bar = tqdm(total=opt["train_steps"], initial=step, disable=not progress, desc="train")
+    while step < opt["train_steps"]:
+        for idx in token_batches(train_ex, opt["batch_size"], rng):
+            if step >= opt["train_steps"]:
+                break
+            step += 1
+            lr = learning_rate(step, opt["learning_rate"], opt["decay_method"],
+                               opt["warmup_steps"], opt["hidden_size"])
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = collate(train_ex, idx, src_vocab, tgt_vocab).to(device)
+            loss, nll, correct = _loss(model, batch, opt["label_smoothing"], tgt_vocab.pad)
+            optimizer.zero_grad()
+            (loss / batch.n_tokens).backward()
+            if opt["max_grad_norm"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), opt["max_grad_norm"])
+            optimizer.step()
+            report["loss"] += nll.item()
+            report["tokens"] += batch.n_tokens
+            report["correct"] += correct.item()
+            bar.update(1)
+            if step % opt["report_every"] == 0:
+                xent = report["loss"] / report["tokens"]
+                logger.info("step %d/%d; acc %.2f; ppl %.2f; lr %.6f; %.0f s",
+                            step, opt["train_steps"], 100 * report["correct"] / report["tokens"],
+                            math.exp(min(xent, 100)), lr, time.time() - start)
+                report = {"loss": 0.0, "tokens": 0, "correct": 0}
+            if step % opt["valid_steps"] == 0 or step == opt["train_steps"]:
+                stats = validate(model, valid_ex, src_vocab, tgt_vocab, opt["valid_batch_size"],
+                                 device)
+                logger.info("validation step %d: ppl %.3f; acc %.2f; xent %.4f; %.0f s",
+                            step, stats["ppl"], stats["acc"], stats["xent"], time.time() - start)
+            if step % opt["save_checkpoint_steps"] == 0 or step == opt["train_steps"]:
+                path = f"{opt['save_model']}_step_{step}.pt"
+                save_checkpoint(path, model, src_vocab, tgt_vocab, opt,
+                                train_state={"step": step, "optim": optimizer.state_dict()})
+                logger.info("saved %s", path)
+                saved.append(path)
+                while opt["keep_checkpoint"] > 0 and len(saved) > opt["keep_checkpoint"]:
+                    os.remove(saved.pop(0))
+    bar.close()
+    return path
+
+
+def average_checkpoints(paths, output: str, half: bool = False) -> None:
+    """Writes the parameter average of several checkpoints of one model (no optimizer state)."""
+    ckpts = [load_checkpoint(p) for p in paths]
+    models = [build_from_checkpoint(c, p) for c, p in zip(ckpts, paths)]
+    averaged = models[0]
+    states = [m.state_dict() for m in models]
+    avg = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
+    averaged.load_state_dict(avg)
+    save_checkpoint(output, averaged, ckpts[0].src_vocab, ckpts[0].tgt_vocab, ckpts[0].opt,
+                    half=half)
+
+
+def last_checkpoints(prefix: str, n: int):
+    """The ``n`` latest ``<prefix>_step_N.pt`` files, oldest first."""
+    found = glob.glob(f"{prefix}_step_*.pt")
+    found.sort(key=lambda p: int(p.rsplit("_step_", 1)[1][:-3]))
+    return found[-n:]
