@@ -1,0 +1,271 @@
+"""Translator and build_translator: encode once, tile by beam_size, step, map_state."""
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Union
+
+import torch
+from tqdm import tqdm
+
+from onmt_lite.checkpoint import load_model
+from onmt_lite.constants import EOS, UNK
+from onmt_lite.corpus import InputError, lines_of
+from onmt_lite.translate.beam import Beam
+from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.translate.greedy import Hypothesis, Sampler, greedy_search
+from onmt_lite.translate.translation import Translation
+
+logger = logging.getLogger("onmt_lite")
+
+
+@dataclass
+class DecodingOptions:
+    """Search settings; names and defaults follow OpenNMT-py's translate options."""
+    beam_size: int = 5
+    n_best: int = 1
+    min_length: int = 0
+    max_length: int = 250
+    max_length_ratio: float = 1.25
+    alpha: float = 1.0
+    beta: float = 0.0
+    length_penalty: str = "avg"
+    coverage_penalty: str = "none"
+    stepwise_penalty: bool = False
+    block_ngram_repeat: int = 0
+    ignore_when_blocking: Sequence[str] = ()
+    replace_unk: bool = False
+    random_sampling_topk: int = 0
+    random_sampling_topp: float = 0.0
+    random_sampling_temp: float = 1.0
+    seed: int = -1
+    src_seq_length_trunc: int = 0
+
+    def validate(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError("-beam_size must be at least 1")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
+        sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
+        if sampling and self.beam_size != 1:
+            raise ValueError("random sampling needs -beam_size 1")
+
+
+class Translator:
+    """Translates lines with an NMTModel and its vocabularies.
+
+    Args:
+        model: an NMTModel in eval mode; src_vocab / tgt_vocab: its vocabularies.
+        options: the DecodingOptions; device: where the model lives.
+    """
+
+    def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
+                 device: str = "cpu", model_max_src_len: Optional[int] = None):
+        self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
+        self.opt = options or DecodingOptions()
+        self.opt.validate()
+        self.device = device
+        self.model_max_src_len = model_max_src_len
+        self.scorer = GNMTGlobalScorer(self.opt.alpha, self.opt.beta, self.opt.length_penalty,
+                                       self.opt.coverage_penalty)
+        self.exclusion = frozenset(tgt_vocab.stoi[t] for t in self.opt.ignore_when_blocking
+                                   if t in tgt_vocab.stoi)
+        self.sampler = None
+        if self.opt.random_sampling_topk != 0 or self.opt.random_sampling_topp != 0:
+            generator = torch.Generator(device=device)
+            if self.opt.seed >= 0:
+                generator.manual_seed(self.opt.seed)
+            else:
+                generator.seed()
+            topk = self.opt.random_sampling_topk if self.opt.random_sampling_topk > 0 else 0
+            self.sampler = Sampler(topk, self.opt.random_sampling_topp,
+                                   self.opt.random_sampling_temp, generator)
+
+    # -- public API -----------------------------------------------------------------------
+    def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
+                  batch_size: int = 30, attn_debug: bool = False,
+                  progress: bool = False) -> List[Translation]:
+        """Translates a file path or a list of lines; results come back in input order."""
+        return list(self.translate_iter(src, tgt, batch_size, progress=progress))
+
+    def translate_iter(self, src, tgt=None, batch_size: int = 30,
+                       progress: bool = False) -> Iterator[Translation]:
+        """Like translate, yielding each Translation in input order."""
+        src_lines = lines_of(src)
+        tgt_lines = lines_of(tgt) if tgt is not None else None
+        if tgt_lines is not None and len(tgt_lines) != len(src_lines):
+            name = tgt if isinstance(tgt, str) else "-tgt"
+            raise InputError(f"{name}: has {len(tgt_lines)} lines but the source has "
+                             f"{len(src_lines)}")
+        src_tokens = [self._source_tokens(line, i) for i, line in enumerate(src_lines, 1)]
+        tgt_tokens = [line.split() for line in tgt_lines] if tgt_lines is not None else None
+        results = {}
+        next_out = 0
+        batches = list(self._batches(src_tokens, tgt_tokens, batch_size))
+        for indices in tqdm(batches, disable=not progress or len(batches) < 2,
+                            desc="translate", unit="batch", leave=False):
+            for trans in self._translate_batch(indices, src_tokens, tgt_tokens):
+                results[trans.index] = trans
+            while next_out in results:
+                yield results.pop(next_out)
+                next_out += 1
+        while next_out < len(src_lines):  # empty lines
+            yield results.pop(next_out)
+            next_out += 1
+
+    # -- batching -------------------------------------------------------------------------
+    def _source_tokens(self, line: str, number: int) -> List[str]:
+        tokens = line.split()
+        limit = self.opt.src_seq_length_trunc or self.model_max_src_len
+        if limit and len(tokens) > limit:
+            logger.warning("source line %d has %d tokens: truncated to %d", number,
+                           len(tokens), limit)
+            tokens = tokens[:limit]
+        return tokens
+
+    def _batches(self, src_tokens, tgt_tokens, batch_size: int):
+        """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
+        cuts consecutive batches, as OpenNMT-py does."""
+        order = [i for i, toks in enumerate(src_tokens) if toks]
+        if tgt_tokens is None:
+            order.sort(key=lambda i: len(src_tokens[i]))
+        else:
+            order.sort(key=lambda i: (len(src_tokens[i]), len(tgt_tokens[i]) + 2))
+        empties = [i for i, toks in enumerate(src_tokens) if not toks]
+        if empties:
+            yield empties
+        for start in range(0, len(order), batch_size):
+            yield order[start:start + batch_size]
+
+    # -- one batch ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _translate_batch(self, indices: List[int], src_tokens, tgt_tokens) -> List[Translation]:
+        results = [Translation(i, src_tokens[i], self.src_vocab.decode(
+            self.src_vocab.encode(src_tokens[i]))) for i in indices]
+        if not src_tokens[indices[0]]:  # the batch of empty lines: empty translations
+            for t in results:
+                t.preds, t.scores, t.attns = [[]] * self.opt.n_best, [0.0] * self.opt.n_best, \
+                    [torch.zeros(0, 0)] * self.opt.n_best
+                if tgt_tokens is not None:
+                    t.gold, t.gold_score = tgt_tokens[t.index], 0.0
+            return results
+        ids = [self.src_vocab.encode(src_tokens[i]) for i in indices]
+        src_len = torch.tensor([len(x) for x in ids], device=self.device)
+        src = torch.full((len(ids), int(src_len.max())), self.src_vocab.pad, dtype=torch.long)
+        for row, x in enumerate(ids):
+            src[row, :len(x)] = torch.tensor(x)
+        src = src.to(self.device)
+        max_length = self.opt.max_length
+        if self.opt.max_length_ratio > 0:  # OpenNMT-py: from the batch's padded source length
+            max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
+        if tgt_tokens is not None:
+            gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
+            for t, score in zip(results, gold):
+                t.gold, t.gold_score = tgt_tokens[t.index], score
+        if self.opt.beam_size == 1:
+            hyps = [[h] for h in greedy_search(
+                self.model, src, src_len, bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
+                max_length=max_length, min_length=self.opt.min_length, scorer=self.scorer,
+                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
+                sampler=self.sampler)]
+        else:
+            hyps = self._beam_search(src, src_len, max_length)
+        for t, nbest in zip(results, hyps):
+            for hyp in nbest:
+                t.preds.append(self._target_tokens(hyp, t.src))
+                t.scores.append(hyp.score)
+                t.attns.append(hyp.attn)
+        return results
+
+    def _beam_search(self, src, src_len, max_length: int) -> List[List[Hypothesis]]:
+        """One Beam per sentence; finished sentences leave the decoder state."""
+        k, dec = self.opt.beam_size, self.model.decoder
+        # 1. Encode once, then repeat every state row beam_size times.
+        memory, final = self.model.encode(src, src_len)
+        dec.init_state(src_len, memory, final)
+        dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
+        beams = [Beam(k, self.tgt_vocab.pad, self.tgt_vocab.bos, self.tgt_vocab.eos,
+                      n_best=self.opt.n_best, global_scorer=self.scorer,
+                      min_length=self.opt.min_length, stepwise_penalty=self.opt.stepwise_penalty,
+                      block_ngram_repeat=self.opt.block_ngram_repeat,
+                      exclusion_tokens=self.exclusion, max_length=max_length)
+                 for _ in range(src.size(0))]
+        live = list(range(len(beams)))  # sentence of each block of k decoder rows
+        for _ in range(max_length):
+            # 2. One decoder step for the current tokens of all live beams.
+            tokens = torch.cat([beams[b].get_current_state() for b in live]).to(self.device)
+            out, attn = dec.step(tokens)
+            log_probs = self.model.log_probs(out).cpu()
+            attn = attn.float().cpu()
+            # 3. Each beam advances with its own rows; attention without source padding.
+            select, still = [], []
+            for row, b in enumerate(live):
+                rows = slice(row * k, (row + 1) * k)
+                beams[b].advance(log_probs[rows], attn[rows, :int(src_len[b])])
+                if not beams[b].done():
+                    still.append(b)
+                    select.append(beams[b].get_current_origin() + row * k)
+            if not still:
+                break
+            # 4. Reorder (and shrink) the decoder state: each row follows its hypothesis.
+            live = still
+            select_indices = torch.cat(select).to(self.device)
+            dec.map_state(lambda state, dim: state.index_select(dim, select_indices))
+        results = []
+        for beam in beams:
+            scores, ks = beam.sort_finished(minimum=self.opt.n_best)
+            nbest = []
+            for score, (timestep, kk) in zip(scores[:self.opt.n_best], ks[:self.opt.n_best]):
+                tokens, attn = beam.get_hyp(timestep, kk)
+                nbest.append(Hypothesis(tokens, score, attn))
+            results.append(nbest)
+        return results
+
+    def _gold_scores(self, src, src_len, refs: List[List[str]]) -> List[float]:
+        """Log-probability of each reference, ``</s>`` included, no penalty."""
+        ids = [self.tgt_vocab.encode(r) for r in refs]
+        length = max(len(x) for x in ids) + 1
+        tgt_in = torch.full((len(ids), length), self.tgt_vocab.pad, dtype=torch.long)
+        tgt_out = tgt_in.clone()
+        for row, x in enumerate(ids):
+            tgt_in[row, :len(x) + 1] = torch.tensor([self.tgt_vocab.bos] + x)
+            tgt_out[row, :len(x) + 1] = torch.tensor(x + [self.tgt_vocab.eos])
+        log_probs, _ = self.model(src, src_len, tgt_in.to(self.device))
+        gathered = log_probs.gather(2, tgt_out.to(self.device).unsqueeze(2)).squeeze(2)
+        gathered = gathered.masked_fill(tgt_out.to(self.device).eq(self.tgt_vocab.pad), 0.0)
+        return gathered.sum(1).tolist()
+
+    def _target_tokens(self, hyp: Hypothesis, src: List[str]) -> List[str]:
+        tokens = self.tgt_vocab.decode(hyp.tokens)
+        if tokens and tokens[-1] == EOS:
+            tokens = tokens[:-1]
+        if self.opt.replace_unk:
+            for i, tok in enumerate(tokens):
+                if tok == UNK and hyp.attn.size(1) > 0:
+                    tokens[i] = src[int(hyp.attn[i].argmax())]
+        return tokens
+
+
+def _get(opt, name, default=None):
+    return opt.get(name, default) if isinstance(opt, dict) else getattr(opt, name, default)
+
+
+def build_translator(opt) -> Translator:
+    """Loads ``opt.model`` (native or OpenNMT-py 3.x) and returns a Translator.
+
+    ``opt`` is a dict or a namespace with ``model``, ``gpu`` and any DecodingOptions field.
+    """
+    gpu = _get(opt, "gpu", -1)
+    device = f"cuda:{gpu}" if gpu is not None and gpu >= 0 else "cpu"
+    model, ckpt = load_model(_get(opt, "model"), device)
+    fields = DecodingOptions.__dataclass_fields__
+    options = DecodingOptions(**{name: _get(opt, name) for name in fields
+                                 if _get(opt, name) is not None})
+    max_src = None if ckpt.opt.get("model_type") == "rnn" else model.encoder.embeddings.MAX_LEN
+    return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src)
+
+
+def timed(fn):
+    """Runs fn() and returns (result, seconds)."""
+    start = time.time()
+    result = fn()
+    return result, time.time() - start
