@@ -89,7 +89,22 @@ class Translator:
 
     def translate_iter(self, src, tgt=None, batch_size: int = 30,
                        progress: bool = False) -> Iterator[Translation]:
-        """Like translate, yielding each Translation in input order."""
+        """Like translate, yielding each Translation in input order as soon as it is ready."""
+        results, next_out = {}, 0
+        for batch in self.translate_batches(src, tgt, batch_size, progress=progress):
+            results.update((t.index, t) for t in batch)
+            while next_out in results:
+                yield results.pop(next_out)
+                next_out += 1
+
+    def translate_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
+                          only: Optional[set] = None) -> Iterator[List[Translation]]:
+        """Translations batch by batch, in decoding order (lines sorted by length).
+
+        Args:
+            only: numbers of the batches to decode (default all): a subset decodes exactly as
+                it would within the whole file.
+        """
         src_lines = lines_of(src)
         tgt_lines = lines_of(tgt) if tgt is not None else None
         if tgt_lines is not None and len(tgt_lines) != len(src_lines):
@@ -98,19 +113,11 @@ class Translator:
                              f"{len(src_lines)}")
         src_tokens = [self._source_tokens(line, i) for i, line in enumerate(src_lines, 1)]
         tgt_tokens = [line.split() for line in tgt_lines] if tgt_lines is not None else None
-        results = {}
-        next_out = 0
         batches = list(self._batches(src_tokens, tgt_tokens, batch_size))
-        for indices in tqdm(batches, disable=not progress or len(batches) < 2,
-                            desc="translate", unit="batch", leave=False):
-            for trans in self._translate_batch(indices, src_tokens, tgt_tokens):
-                results[trans.index] = trans
-            while next_out in results:
-                yield results.pop(next_out)
-                next_out += 1
-        while next_out < len(src_lines):  # empty lines
-            yield results.pop(next_out)
-            next_out += 1
+        for number, indices in enumerate(tqdm(batches, disable=not progress or len(batches) < 2,
+                                              desc="translate", unit="batch", leave=False)):
+            if only is None or number in only:
+                yield self._translate_batch(indices, src_tokens, tgt_tokens)
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
@@ -130,11 +137,11 @@ class Translator:
             order.sort(key=lambda i: len(src_tokens[i]))
         else:
             order.sort(key=lambda i: (len(src_tokens[i]), len(tgt_tokens[i]) + 2))
+        for start in range(0, len(order), batch_size):
+            yield order[start:start + batch_size]
         empties = [i for i, toks in enumerate(src_tokens) if not toks]
         if empties:
             yield empties
-        for start in range(0, len(order), batch_size):
-            yield order[start:start + batch_size]
 
     # -- one batch ------------------------------------------------------------------------
     @torch.inference_mode()
