@@ -56,6 +56,9 @@ def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Voc
     os.close(fd)
     try:
         torch.save(payload, tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

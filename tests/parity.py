@@ -4,7 +4,6 @@ Used by tests/test_parity.py (a few batches per case in CI, whole files with ``-
 runnable as ``python tests/parity.py [rnn|transformer ...]`` for the full match table.
 """
 import json
-import math
 import os
 import re
 import sys

@@ -3,9 +3,8 @@
 One test per (model, case). CI decodes three batches of each case exactly as they are decoded
 within the whole file; ``pytest -m slow`` runs the whole files.
 """
-import pytest
-
 import parity
+import pytest
 
 pytestmark = pytest.mark.skipif(not parity.available(),
                                 reason="../shared/fixtures/onmt-py is absent")

@@ -1,5 +1,6 @@
 """translate.py: translate a file with an onmt_lite or OpenNMT-py checkpoint."""
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -72,6 +73,12 @@ def _summary(name: str, total: float, count: int) -> str:
     return f"{name} SCORE: {score:.4f}, {name} PPL: {ppl:.2f} NB SENTENCES: {count}"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class AtomicOutput:
     """Writes to a temporary file beside the target and moves it into place only on success."""
 
@@ -93,6 +100,7 @@ class AtomicOutput:
             return False
         self.file.close()
         if exc_type is None:
+            os.chmod(self.tmp, 0o666 & ~_umask())
             os.replace(self.tmp, self.path)
         else:
             os.remove(self.tmp)
@@ -104,7 +112,8 @@ def run(args) -> None:
     start = time.time()
     pred_total = gold_total = 0.0
     count = words = 0
-    with AtomicOutput(args.output) as out, AtomicOutput(args.attn_dump or os.devnull) as dump:
+    dump_file = AtomicOutput(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
+    with AtomicOutput(args.output) as out, dump_file as dump:
         for trans in translator.translate_iter(args.src, args.tgt, args.batch_size,
                                                progress=not args.verbose):
             out.write("".join(line + "\n" for line in trans.output_lines(args.with_score)))

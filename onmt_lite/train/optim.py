@@ -11,7 +11,8 @@ def learning_rate(step: int, base: float, decay_method: str, warmup_steps: int,
     if decay_method == "noam":
         return base * hidden_size ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
     if decay_method == "rsqrt":
-        return base * min(step / max(warmup_steps, 1), 1.0) * math.sqrt(max(warmup_steps, 1) / max(step, warmup_steps))
+        warmup = max(warmup_steps, 1)  # linear warm-up, then decay as 1/sqrt(step)
+        return base * min(step / warmup, 1.0) * math.sqrt(warmup / max(step, warmup))
     if decay_method == "none":
         return base
     raise ValueError(f"unknown decay_method {decay_method!r} (noam, rsqrt, none)")

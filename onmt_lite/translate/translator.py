@@ -1,6 +1,5 @@
 """Translator and build_translator: encode once, tile by beam_size, step, map_state."""
 import logging
-import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -270,9 +269,3 @@ def build_translator(opt) -> Translator:
     max_src = None if ckpt.opt.get("model_type") == "rnn" else model.encoder.embeddings.MAX_LEN
     return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src)
 
-
-def timed(fn):
-    """Runs fn() and returns (result, seconds)."""
-    start = time.time()
-    result = fn()
-    return result, time.time() - start
