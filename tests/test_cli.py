@@ -1,0 +1,208 @@
+"""translate.py end to end: a tiny model trained here, and the shipped model on the demo lines."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from onmt_lite.cli import translate as translate_cli
+from onmt_lite.train.trainer import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = os.path.join(ROOT, "data", "multi30k_en_de.pt")
+WORDS = ["red", "blue", "green", "cat", "dog", "bird", "runs", "sits", "big", "small"]
+# The toy task: German-ish "translation" = the same words upper-cased.
+
+
+def _lines(rng, n):
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(n)]
+    return src, [line.upper() for line in src]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A tiny Transformer trained for a few hundred steps on the upper-casing task."""
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("tiny")
+    rng = random.Random(7)
+    for name, n in (("train", 2000), ("valid", 50)):
+        src, tgt = _lines(rng, n)
+        (folder / f"{name}.src").write_text("\n".join(src) + "\n")
+        (folder / f"{name}.tgt").write_text("\n".join(tgt) + "\n")
+    config = {
+        "data": {"corpus_1": {"path_src": str(folder / "train.src"),
+                              "path_tgt": str(folder / "train.tgt")},
+                 "valid": {"path_src": str(folder / "valid.src"),
+                           "path_tgt": str(folder / "valid.tgt")}},
+        "model_type": "transformer", "enc_layers": 1, "dec_layers": 1, "hidden_size": 32,
+        "word_vec_size": 32, "heads": 2, "transformer_ff": 64, "dropout": 0.0,
+        "attention_dropout": 0.0, "batch_size": 400, "train_steps": 300, "valid_steps": 300,
+        "save_checkpoint_steps": 300, "learning_rate": 2.0, "warmup_steps": 100,
+        "save_model": str(folder / "model"), "report_every": 100,
+    }
+    return train(config, progress=False)
+
+
+def _run(args, capsys=None):
+    code = translate_cli.main([str(a) for a in args])
+    return code
+
+
+def test_tiny_model_translates(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat runs\nsmall bird sits\n\nbig dog\n")
+    out = tmp_path / "out.txt"
+    assert _run(["-model", tiny_model, "-src", src, "-output", out, "-beam_size", 3]) == 0
+    lines = out.read_text().split("\n")[:-1]
+    assert lines == ["RED CAT RUNS", "SMALL BIRD SITS", "", "BIG DOG"]
+
+
+def test_greedy_equals_beam_one_and_double_dash(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat runs\ngreen dog sits big\n")
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    assert _run(["--model", tiny_model, "--src", src, "--output", a, "--beam_size", 1,
+                 "--with_score"]) == 0
+    assert _run(["-model", tiny_model, "-src", src, "-output", b, "-beam_size", "1",
+                 "-with_score"]) == 0
+    assert a.read_text() == b.read_text()
+
+
+def test_n_best_and_with_score(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat\nblue bird runs\n")
+    out = tmp_path / "out.txt"
+    assert _run(["-model", tiny_model, "-src", src, "-output", out, "-beam_size", 4,
+                 "-n_best", 3, "-with_score"]) == 0
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == 6
+    for group in (lines[:3], lines[3:]):
+        scores = [float(line.split("\t")[1]) for line in group]
+        assert scores == sorted(scores, reverse=True)
+    assert lines[0].split("\t")[0] == "RED CAT"
+
+
+def test_stdin_stdout_and_summary(tiny_model):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "translate.py"), "-model", tiny_model, "-src", "-",
+         "-output", "-", "-verbose", "-report_time"],
+        input="dog sits\nred bird\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "DOG SITS\nRED BIRD\n"
+    assert "SENT 1: ['dog', 'sits']" in proc.stderr and "PRED 1: DOG SITS" in proc.stderr
+    assert "PRED SCORE: " in proc.stderr and "PRED PPL: " in proc.stderr
+    assert "Tokens per second" in proc.stderr
+
+
+def test_gold_scores(tiny_model, tmp_path, caplog):
+    src, tgt = tmp_path / "in.txt", tmp_path / "ref.txt"
+    src.write_text("red cat\nbig dog runs\n")
+    tgt.write_text("RED CAT\nBIG DOG RUNS\n")
+    with caplog.at_level("INFO", logger="onmt_lite"):
+        assert _run(["-model", tiny_model, "-src", src, "-tgt", tgt, "-output", tmp_path / "o",
+                     "-verbose"]) == 0
+    text = caplog.text
+    assert "GOLD SCORE: " in text and "GOLD PPL: " in text and "GOLD 2: BIG DOG RUNS" in text
+
+
+def test_config_file_and_command_line_precedence(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"model": tiny_model, "beam_size": 4, "n_best": 2}))
+    out = tmp_path / "out.txt"
+    assert _run(["-config", config, "-src", src, "-output", out]) == 0
+    assert len(out.read_text().split("\n")[:-1]) == 2
+    assert _run(["-config", config, "-src", src, "-output", out, "-n_best", 1]) == 0
+    assert len(out.read_text().split("\n")[:-1]) == 1
+
+
+def test_unknown_option_and_unknown_config_key(tiny_model, tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        translate_cli.main(["-model", tiny_model, "-src", "x", "-no_such_option", "1"])
+    assert err.value.code == 2
+    config = tmp_path / "c.yaml"
+    config.write_text("beam_sise: 3\n")
+    with pytest.raises(SystemExit):
+        translate_cli.main(["-config", str(config), "-model", tiny_model, "-src", "x"])
+    assert "unknown options: beam_sise" in capsys.readouterr().err
+
+
+def test_bad_inputs_are_clear_errors(tiny_model, tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    assert _run(["-model", tmp_path / "missing.pt", "-src", "x", "-output", out]) == 1
+    assert "missing.pt: no such checkpoint file" in capsys.readouterr().err
+    assert _run(["-model", tiny_model, "-src", tmp_path / "nope.txt", "-output", out]) == 1
+    assert "nope.txt: cannot read" in capsys.readouterr().err
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"red cat\nblue \xff dog\n")
+    assert _run(["-model", tiny_model, "-src", bad, "-output", out]) == 1
+    assert "bad.txt:2: invalid UTF-8" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_failed_run_keeps_previous_output(tiny_model, tmp_path):
+    out = tmp_path / "out.txt"
+    out.write_text("previous good output\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xfe\n")
+    assert _run(["-model", tiny_model, "-src", bad, "-output", out]) == 1
+    assert out.read_text() == "previous good output\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_long_source_is_truncated_with_warning(tiny_model, tmp_path, caplog):
+    src = tmp_path / "in.txt"
+    src.write_text(" ".join(["red"] * 30) + "\nblue cat\n")
+    out = tmp_path / "out.txt"
+    with caplog.at_level("WARNING", logger="onmt_lite"):
+        assert _run(["-model", tiny_model, "-src", src, "-output", out,
+                     "-src_seq_length_trunc", 5]) == 0
+    assert "line 1 has 30 tokens: truncated to 5" in caplog.text
+    assert len(out.read_text().split("\n")[:-1]) == 2
+
+
+def test_attn_debug_and_attn_dump(tiny_model, tmp_path, caplog):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat runs\nbig bird\n")
+    dump = tmp_path / "attn.jsonl"
+    with caplog.at_level("INFO", logger="onmt_lite"):
+        assert _run(["-model", tiny_model, "-src", src, "-output", tmp_path / "o",
+                     "-attn_debug", "-attn_dump", dump]) == 0
+    header = [line for line in caplog.text.split("\n") if line.strip().startswith("red")]
+    assert header and header[0].split() == ["red", "cat", "runs"]
+    rows = [line for line in caplog.text.split("\n") if line.strip().startswith("RED ")]
+    assert rows and rows[0].count("*") == 1
+    records = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert [r["src"] for r in records] == [["red", "cat", "runs"], ["big", "bird"]]
+    assert records[0]["pred"] == ["RED", "CAT", "RUNS", "</s>"]
+    assert len(records[0]["attention"]) == 4 and len(records[0]["attention"][0]) == 3
+    for row in records[0]["attention"]:
+        assert abs(sum(row) - 1.0) < 1e-4
+
+
+def test_sampling_is_reproducible_with_seed(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat runs\nbig bird sits\n")
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        assert _run(["-model", tiny_model, "-src", src, "-output", out, "-beam_size", 1,
+                     "-random_sampling_topk", 3, "-random_sampling_temp", 2.0,
+                     "-seed", 5]) == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.skipif(not os.path.exists(SHIPPED), reason="the shipped model is not in data/")
+def test_shipped_model_on_demo_sentences(tmp_path):
+    out = tmp_path / "demo.de"
+    assert _run(["-model", SHIPPED, "-src", os.path.join(ROOT, "data", "demo.en"),
+                 "-output", out, "-beam_size", 5]) == 0
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == 8 and all(lines)
+    assert lines[3].startswith("ein schwarzer hund")
