@@ -39,6 +39,13 @@ def test_no_other_whitespace_is_stripped(tmp_path):
     assert read_lines(path) == [" a  b \t"]
 
 
+def test_only_newline_ends_a_line(tmp_path):
+    # str.splitlines() would also split at these: form feed, NEL, LINE SEPARATOR, lone CR
+    text = "a\x0cb\x85c\u2028d\re\n"
+    path = write(tmp_path / "x.txt", text.encode("utf-8"))
+    assert read_lines(path) == ["a\x0cb\x85c\u2028d\re"]
+
+
 def test_invalid_utf8_names_file_and_line(tmp_path):
     path = write(tmp_path / "x.txt", b"good\nalso good\nbad \xff byte\nfine\n")
     with pytest.raises(InputError) as err:

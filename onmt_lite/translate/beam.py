@@ -131,10 +131,13 @@ class Beam:
         Returns scores and (timestep, k) pairs for ``get_hyp``.
         """
         if minimum is not None:
-            k = 0
-            while len(self.finished) < minimum and k < self.size:
-                self.finished.append((self.all_scores[-1][k].item(), len(self.next_ys) - 1, k))
-                k += 1
+            last = len(self.next_ys) - 1
+            done_now = {k for _, t, k in self.finished if t == last}
+            for k in range(self.size):
+                if len(self.finished) >= minimum:
+                    break
+                if k not in done_now:
+                    self.finished.append((self.all_scores[-1][k].item(), last, k))
         ranked = sorted(self.finished, key=lambda f: f[0], reverse=True)
         return [s for s, _, _ in ranked], [(t, k) for _, t, k in ranked]
 

@@ -42,6 +42,8 @@ class DecodingOptions:
     def validate(self) -> None:
         if self.beam_size < 1:
             raise ValueError("-beam_size must be at least 1")
+        if self.max_length < 1:
+            raise ValueError("-max_length must be at least 1")
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
