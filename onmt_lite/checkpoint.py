@@ -65,6 +65,11 @@ def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Voc
             os.remove(tmp)
 
 
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
 def _read(path: str) -> dict:
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -73,13 +78,15 @@ def _read(path: str) -> dict:
         with torch.serialization.safe_globals([argparse.Namespace]):
             data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        unsupported = [line.strip() for line in str(err).splitlines() if "Unsupported" in line]
-        reason = unsupported[0] if unsupported else first
-        raise CheckpointError(f"{path}: refused, the file holds more than plain data ({reason})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        blocked = [line for line in lines if "unsupported" in line.lower()]
+        if not blocked:
+            raise CheckpointError(f"{path}: not a readable checkpoint ({_first_line(err)})") from None
+        raise CheckpointError(f"{path}: refused, the file holds more than plain data "
+                              f"({blocked[0]})") from None
+    except Exception as err:  # torch raises many kinds on truncated or foreign files
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
-                              f"{str(err).splitlines()[0][:200]})") from None
+                              f"{_first_line(err)})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a checkpoint (a {type(data).__name__}, not a dict)")
     return data
@@ -91,7 +98,7 @@ def load_checkpoint(path: str) -> Checkpoint:
     if "format" not in data and onmt_py.is_onmt_py(data):
         try:
             return Checkpoint(*onmt_py.convert(data), origin="opennmt-py")
-        except ValueError as err:
+        except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"{path}: {err}") from None
     if data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: unknown checkpoint format {data.get('format')!r}")
@@ -116,8 +123,12 @@ def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTMode
                             ckpt.src_vocab.pad, ckpt.tgt_vocab.pad)
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path}: bad model options: {err}") from None
-    state = {k: v.float() if v.is_floating_point() else v for k, v in ckpt.model_state.items()}
-    state.update({f"generator.{k}": v.float() for k, v in ckpt.generator_state.items()})
+    state = dict(ckpt.model_state)
+    state.update({f"generator.{k}": v for k, v in ckpt.generator_state.items()})
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{path}: weight {name} is a {type(value).__name__}, not a tensor")
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

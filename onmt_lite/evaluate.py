@@ -18,6 +18,8 @@ class Score:
 def corpus_scores(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: str = "13a",
                   lowercase: bool = False, metrics=("bleu", "chrf")) -> List[Score]:
     """Scores hypothesis lines against one or more reference streams of the same length."""
+    if not hyps:
+        raise InputError("the hypothesis file has no lines")
     for i, ref in enumerate(refs):
         if len(ref) != len(hyps):
             raise InputError(f"reference {i + 1} has {len(ref)} lines but the hypotheses have "

@@ -3,13 +3,16 @@
 Every option that changes the computation is checked; a value onmt_lite does not implement is
 refused by name rather than ignored.
 """
+import argparse
 import re
 
 from onmt_lite.vocab import Vocab
 
 
 def is_onmt_py(data: dict) -> bool:
-    return {"model", "generator", "vocab", "opt"} <= set(data)
+    """OpenNMT-py 3.x keeps its options in an argparse.Namespace."""
+    return {"model", "generator", "vocab", "opt"} <= set(data) and isinstance(
+        data["opt"], argparse.Namespace)
 
 
 def _first(value):
@@ -97,9 +100,13 @@ def convert(data: dict):
     opt = data["opt"]
     opt = dict(vars(opt)) if not isinstance(opt, dict) else dict(opt)
     vocab = data["vocab"]
-    if not isinstance(vocab, dict) or not isinstance(vocab.get("src"), list):
+    if not isinstance(vocab, dict) or not all(isinstance(vocab.get(side), list)
+                                              for side in ("src", "tgt")):
         raise ValueError("OpenNMT-py vocabulary is not in the 3.x format (lists of tokens)")
-    options = convert_options(opt)
+    try:
+        options = convert_options(opt)
+    except KeyError as err:
+        raise ValueError(f"OpenNMT-py options lack {err.args[0]!r}") from None
     if not isinstance(data["generator"], dict) or not isinstance(data["model"], dict):
         raise ValueError("OpenNMT-py checkpoint has no model/generator state dicts")
     return (options, Vocab(vocab["src"]), Vocab(vocab["tgt"]),

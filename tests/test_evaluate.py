@@ -206,9 +206,6 @@ def test_cli_unknown_tokenizer_is_a_usage_error(files, capsys):
     assert "invalid choice: 'zh'" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(raises=IndexError, strict=True,
-                   reason="bug: empty hypothesis and reference files reach sacrebleu, which "
-                          "raises IndexError (hyps[0]); the command dies with a traceback")
 def test_cli_empty_files(tmp_path, capsys):
     empty = write_lines(tmp_path / "empty.txt", [])
     status, _, _ = run(capsys, "-hyp", empty, "-ref", empty)

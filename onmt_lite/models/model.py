@@ -66,6 +66,10 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
         decoder = InputFeedRNNDecoder(tgt_vocab_size, tgt_pad, o["rnn_type"], o["dec_layers"],
                                       o["hidden_size"], o["word_vec_size"],
                                       o["global_attention"], o["dropout"])
+        if o["share_embeddings"]:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("share_embeddings needs one vocabulary for source and target")
+            decoder.embeddings.weight = encoder.embeddings.weight
     else:
         common = dict(dim=o["hidden_size"], heads=o["heads"], ff_dim=o["transformer_ff"],
                       dropout=o["dropout"], attention_dropout=o["attention_dropout"],

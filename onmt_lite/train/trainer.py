@@ -65,6 +65,7 @@ def _loss(model, batch, smoothing: float, pad: int):
 
 def validate(model, examples, src_vocab, tgt_vocab, batch_tokens: int, device) -> dict:
     """Loss per token (no smoothing), perplexity and accuracy on ``examples``."""
+    was_training = model.training
     model.eval()
     total_nll, total_correct, total_tokens = 0.0, 0, 0
     with torch.inference_mode():
@@ -74,22 +75,26 @@ def validate(model, examples, src_vocab, tgt_vocab, batch_tokens: int, device) -
             total_nll += nll.item()
             total_correct += correct.item()
             total_tokens += batch.n_tokens
-    model.train()
+    model.train(was_training)
     xent = total_nll / max(total_tokens, 1)
     return {"xent": xent, "ppl": math.exp(min(xent, 100)),
             "acc": 100.0 * total_correct / max(total_tokens, 1)}
 
 
-def _setup_logging(log_file: Optional[str]) -> None:
+def _setup_logging(log_file: Optional[str]) -> Optional[logging.Handler]:
+    """Logs to stderr (once) and to ``log_file``; returns the file handler to close at the end."""
     logger.setLevel(logging.INFO)
-    if not logger.handlers:
+    form = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s")
+    if not any(type(h) is logging.StreamHandler for h in logger.handlers):
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
+        handler.setFormatter(form)
         logger.addHandler(handler)
-    if log_file:
-        handler = logging.FileHandler(log_file)
-        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
-        logger.addHandler(handler)
+    if not log_file:
+        return None
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(form)
+    logger.addHandler(handler)
+    return handler
 
 
 def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
@@ -98,7 +103,16 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
     if unknown:
         raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
     opt = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS, **config}
-    _setup_logging(opt["log_file"])
+    file_handler = _setup_logging(opt["log_file"])
+    try:
+        return _train(opt, device, progress)
+    finally:
+        if file_handler is not None:
+            logger.removeHandler(file_handler)
+            file_handler.close()
+
+
+def _train(opt: dict, device: str, progress: bool) -> str:
     if opt["threads"]:
         torch.set_num_threads(opt["threads"])
     random.seed(opt["seed"])
@@ -132,6 +146,8 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
 
     train_ex = make_examples(train_src, train_tgt, src_vocab, tgt_vocab, opt["max_len"])
     valid_ex = make_examples(valid_src, valid_tgt, src_vocab, tgt_vocab, 10 ** 9)
+    if not train_ex:
+        raise ValueError(f"no training pair is non-empty and within max_len={opt['max_len']}")
     saved, path = [], None
     start, report = time.time(), {"loss": 0.0, "tokens": 0, "correct": 0}
     bar = tqdm(total=opt["train_steps"], initial=step, disable=not progress, desc="train")
@@ -175,7 +191,7 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
                 while opt["keep_checkpoint"] > 0 and len(saved) > opt["keep_checkpoint"]:
                     os.remove(saved.pop(0))
     bar.close()
-    return path
+    return path or opt["train_from"]
 
 
 def average_checkpoints(paths, output: str, half: bool = False) -> None:
