@@ -144,7 +144,7 @@ def compare(case: Case, model: str, results: dict) -> dict:
     n_best = case.options.get("n_best", 1)
     ref_lines = read(case.ref_path(model, "txt"))
     report = {"case": case.name, "model": model, "lines": 0, "match": 0, "mismatch": [],
-              "divergent": [], "score_mismatch": [], "attn_mismatch": []}
+              "divergent": [], "score_mismatch": [], "attn_mismatch": [], "attn_divergent": []}
     for index, trans in sorted(results.items()):
         ours = trans.output_lines(case.with_score)
         theirs = ref_lines[index * n_best:(index + 1) * n_best]
@@ -179,29 +179,55 @@ def compare(case: Case, model: str, results: dict) -> dict:
     if case.attn_debug:
         matrices = log_matrices(log)
         for index, trans in sorted(results.items()):
-            ours = trans.attns[0].tolist()
             theirs = matrices[index] if index < len(matrices) else None
-            if theirs is None or len(theirs) != len(ours) or any(
-                    len(a) != len(b) or any(abs(x - y) > 2e-6 for x, y in zip(a, b))
-                    for a, b in zip(ours, theirs)):
+            verdict = _attention_verdict(trans.attns[0].tolist(), theirs, results, trans)
+            if verdict == "divergent":
+                report["attn_divergent"].append(index)
+            elif verdict != "same":
                 report["attn_mismatch"].append(index)
     return report
 
 
+def _close(a, b, tol=2e-6) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
+
+
+def _attention_verdict(ours, theirs, batch_results, trans) -> str:
+    """'same', 'divergent' (explained by OpenNMT-py's width bug) or 'different'.
+
+    OpenNMT-py 3.5.1 cuts a finished hypothesis's attention to ``src_len[i]`` where ``i`` is the
+    sentence's position in the batch but ``src_len`` has one entry per *hypothesis* row: every
+    sentence but the first gets the width of another sentence of its batch (or the padded
+    width, padding columns being exactly 0). Values agree on the shared columns.
+    """
+    if theirs is None or len(theirs) != len(ours):
+        return "different"
+    if all(_close(a, b) for a, b in zip(ours, theirs)):
+        return "same"
+    width = len(theirs[0])
+    if any(len(row) != width for row in theirs):
+        return "different"
+    shared = min(width, len(ours[0]))
+    if not all(_close(a[:shared], b[:shared]) for a, b in zip(ours, theirs)):
+        return "different"
+    if any(v != 0.0 for row in theirs for v in row[shared:]):
+        return "different"
+    widths = {len(t.src) for t in batch_results.values()}
+    return "divergent" if width in widths or width >= max(widths) else "different"
+
+
 def _explained_by_replace_unk(trans, theirs: str) -> bool:
-    """OpenNMT-py copies the source *vocabulary* entry, so an out-of-vocabulary source word comes
-    back as <unk>; onmt_lite copies the word itself. The lines must agree everywhere else."""
+    """OpenNMT-py copies the source *vocabulary* entry (<unk> for an unknown word) and picks it
+    from attention cut to the wrong width (see _attention_verdict); onmt_lite copies the source
+    word with the highest attention. Lines must agree everywhere but at generated <unk>s."""
     ours = trans.preds[0]
     ref = theirs.split(" ")
     if len(ours) != len(ref):
         return False
+    in_vocab = {tok for tok, mapped in zip(trans.src, trans.src_vocab) if mapped == tok}
     differs = [i for i, (a, b) in enumerate(zip(ours, ref)) if a != b]
-    return bool(differs) and all(ref[i] == "<unk>" and ours[i] in trans.src
-                                 and ours[i] not in _src_vocab_tokens(trans) for i in differs)
-
-
-def _src_vocab_tokens(trans) -> set:
-    return {tok for tok, mapped in zip(trans.src, trans.src_vocab) if mapped == tok}
+    return bool(differs) and all(
+        ours[i] in trans.src and (ref[i] == "<unk>" or ref[i] in in_vocab) for i in differs)
 
 
 def summary_check(case: Case, model: str, results: dict) -> dict:
