@@ -51,7 +51,7 @@ CASES = [
          patched_for=("rnn",)),
     Case("avg_summary", {"beam_size": 5, "length_penalty": "avg", "coverage_penalty": "summary",
                          "beta": 0.3}, patched_for=("rnn",)),
-    Case("block2", {"beam_size": 5, "block_ngram_repeat": 2}),
+    Case("block2", {"beam_size": 5, "block_ngram_repeat": 2}, divergence="blocking"),
     Case("minmax", {"beam_size": 5, "min_length": 12, "max_length": 20}),
     Case("replace_unk", {"beam_size": 5, "replace_unk": True}, patched_for=("rnn",),
          divergence="replace_unk"),
@@ -121,7 +121,63 @@ def log_matrices(log_path: str) -> List[List[List[float]]]:
     return [m for m in matrices if m]
 
 
-def run_case(case: Case, model: str, translator_cache: dict, only: Optional[set] = None):
+class _Layout:
+    """The order in which a batch's beams advance, step by step (shared by its beams)."""
+
+    def __init__(self):
+        self.step, self.previous, self.current, self.snapshot = None, [], [], {}
+
+
+class BlockingBugBeam:
+    """Mixin reproducing OpenNMT-py 3.5.1's n-gram blocking after a sentence leaves the batch:
+    its per-hypothesis forbidden n-gram tables are not reordered with the other state, so the
+    sentence now at position p of the batch inherits the tables of the one at position p before.
+    """
+
+    def advance(self, word_logprobs, attn_out):
+        layout, step = self.layout, len(self.next_ys)
+        if step != layout.step:  # first beam of a new step
+            layout.previous = layout.current
+            layout.snapshot = {id(b): [dict(t) for t in b.forbidden] for b in layout.previous}
+            layout.current, layout.step = [], step
+        position = len(layout.current)
+        if layout.previous and [id(b) for b in layout.previous] != [
+                id(b) for b in layout.previous if not b.done()]:
+            source = layout.previous[position]
+            self.forbidden = [{k: set(v) for k, v in t.items()}
+                              for t in layout.snapshot[id(source)]]
+        layout.current.append(self)
+        super().advance(word_logprobs, attn_out)
+
+
+def buggy_blocking_translator(translator):
+    """A copy of ``translator`` whose beams reproduce OpenNMT-py's blocking bug."""
+    from onmt_lite.translate.beam import Beam
+    from onmt_lite.translate.translator import Translator
+
+    class BuggyBeam(BlockingBugBeam, Beam):
+        pass
+
+    class BuggyTranslator(Translator):
+        def _beam_search(self, src, src_len, max_length):
+            self.layout = _Layout()
+            return super()._beam_search(src, src_len, max_length)
+
+        def _new_beam(self, max_length):
+            beam = BuggyBeam(self.opt.beam_size, self.tgt_vocab.pad, self.tgt_vocab.bos,
+                             self.tgt_vocab.eos, n_best=self.opt.n_best,
+                             global_scorer=self.scorer, min_length=self.opt.min_length,
+                             block_ngram_repeat=self.opt.block_ngram_repeat,
+                             exclusion_tokens=self.exclusion, max_length=max_length)
+            beam.layout = self.layout
+            return beam
+
+    return BuggyTranslator(translator.model, translator.src_vocab, translator.tgt_vocab,
+                           translator.opt, model_max_src_len=translator.model_max_src_len)
+
+
+def run_case(case: Case, model: str, translator_cache: dict, only: Optional[set] = None,
+             reproduce_bug: bool = False):
     """Translates as the case says; returns (translations in input order, decoded line numbers)."""
     from onmt_lite.translate.translator import DecodingOptions, Translator, build_translator
     options = {k: v for k, v in case.options.items() if k != "batch_size"}
@@ -131,6 +187,8 @@ def run_case(case: Case, model: str, translator_cache: dict, only: Optional[set]
     base = translator_cache[model]
     translator = Translator(base.model, base.src_vocab, base.tgt_vocab,
                             DecodingOptions(**options), model_max_src_len=base.model_max_src_len)
+    if reproduce_bug:
+        translator = buggy_blocking_translator(translator)
     batch_size = case.options.get("batch_size", 32)
     results = {}
     for batch in translator.translate_batches(case.src, case.tgt, batch_size, only=only):
@@ -254,6 +312,9 @@ def main(models) -> None:
             results = run_case(case, model, cache)
             report = compare(case, model, results)
             report["summary"] = summary_check(case, model, results)
+            if case.divergence == "blocking":
+                buggy = compare(case, model, run_case(case, model, cache, reproduce_bug=True))
+                report["with_their_bug_reproduced"] = buggy["match"]
             table.append(report)
             print(json.dumps({k: (v[:20] if isinstance(v, list) else v) for k, v in report.items()}),
                   flush=True)

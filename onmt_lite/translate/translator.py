@@ -191,12 +191,7 @@ class Translator:
         memory, final = self.model.encode(src, src_len)
         dec.init_state(src_len, memory, final)
         dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
-        beams = [Beam(k, self.tgt_vocab.pad, self.tgt_vocab.bos, self.tgt_vocab.eos,
-                      n_best=self.opt.n_best, global_scorer=self.scorer,
-                      min_length=self.opt.min_length, stepwise_penalty=self.opt.stepwise_penalty,
-                      block_ngram_repeat=self.opt.block_ngram_repeat,
-                      exclusion_tokens=self.exclusion, max_length=max_length)
-                 for _ in range(src.size(0))]
+        beams = [self._new_beam(max_length) for _ in range(src.size(0))]
         live = list(range(len(beams)))  # sentence of each block of k decoder rows
         for _ in range(max_length):
             # 2. One decoder step for the current tokens of all live beams.
@@ -227,6 +222,13 @@ class Translator:
                 nbest.append(Hypothesis(tokens, score, attn))
             results.append(nbest)
         return results
+
+    def _new_beam(self, max_length: int) -> Beam:
+        return Beam(self.opt.beam_size, self.tgt_vocab.pad, self.tgt_vocab.bos,
+                    self.tgt_vocab.eos, n_best=self.opt.n_best, global_scorer=self.scorer,
+                    min_length=self.opt.min_length, stepwise_penalty=self.opt.stepwise_penalty,
+                    block_ngram_repeat=self.opt.block_ngram_repeat,
+                    exclusion_tokens=self.exclusion, max_length=max_length)
 
     def _gold_scores(self, src, src_len, refs: List[List[str]]) -> List[float]:
         """Log-probability of each reference, ``</s>`` included, no penalty."""
