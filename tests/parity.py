@@ -163,12 +163,10 @@ def buggy_blocking_translator(translator):
             self.layout = _Layout()
             return super()._beam_search(src, src_len, max_length)
 
+        beam_class = BuggyBeam
+
         def _new_beam(self, max_length):
-            beam = BuggyBeam(self.opt.beam_size, self.tgt_vocab.pad, self.tgt_vocab.bos,
-                             self.tgt_vocab.eos, n_best=self.opt.n_best,
-                             global_scorer=self.scorer, min_length=self.opt.min_length,
-                             block_ngram_repeat=self.opt.block_ngram_repeat,
-                             exclusion_tokens=self.exclusion, max_length=max_length)
+            beam = super()._new_beam(max_length)
             beam.layout = self.layout
             return beam
 

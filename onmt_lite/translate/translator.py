@@ -59,6 +59,8 @@ class Translator:
         options: the DecodingOptions; device: where the model lives.
     """
 
+    beam_class = Beam
+
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
@@ -224,7 +226,7 @@ class Translator:
         return results
 
     def _new_beam(self, max_length: int) -> Beam:
-        return Beam(self.opt.beam_size, self.tgt_vocab.pad, self.tgt_vocab.bos,
+        return self.beam_class(self.opt.beam_size, self.tgt_vocab.pad, self.tgt_vocab.bos,
                     self.tgt_vocab.eos, n_best=self.opt.n_best, global_scorer=self.scorer,
                     min_length=self.opt.min_length, stepwise_penalty=self.opt.stepwise_penalty,
                     block_ngram_repeat=self.opt.block_ngram_repeat,
