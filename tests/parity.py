@@ -17,6 +17,8 @@ REFS = os.path.join(FIXTURES, "refs", "test_2016_flickr")
 TEST_SRC = os.path.join(SHARED, "data", "multi30k", "test_2016_flickr.lc.tok.en")
 TEST_TGT = os.path.join(SHARED, "data", "multi30k", "test_2016_flickr.lc.tok.de")
 MODELS = ("rnn", "transformer")
+# Score gap at the beam boundary below which two candidates are tied to float32 rounding.
+TIE = 1e-5
 
 
 @dataclass
@@ -174,6 +176,65 @@ def buggy_blocking_translator(translator):
                            translator.opt, model_max_src_len=translator.model_max_src_len)
 
 
+class TieRecordingBeam:
+    """Mixin recording, per step, the gap between the last kept candidate and the first dropped."""
+
+    def advance(self, word_logprobs, attn_out):
+        import torch
+        real_topk, gaps, size = torch.Tensor.topk, self.__dict__.setdefault("gaps", []), self.size
+
+        def topk(tensor, k, *args, **kwargs):
+            if tensor.dim() == 1 and k == size and tensor.numel() > k:
+                values = real_topk(tensor, k + 1).values
+                gaps.append(float(values[k - 1] - values[k]))
+            return real_topk(tensor, k, *args, **kwargs)
+
+        torch.Tensor.topk = topk
+        try:
+            super().advance(word_logprobs, attn_out)
+        finally:
+            torch.Tensor.topk = real_topk
+
+
+def smallest_boundary_gaps(case: Case, model: str, translator_cache: dict, lines) -> dict:
+    """{line: the smallest score gap at the beam boundary over the search of that line}."""
+    from onmt_lite.translate.beam import Beam
+    from onmt_lite.translate.translator import Translator
+    results = run_case(case, model, translator_cache, only=set())  # builds the translator
+    del results
+    base = translator_cache[model]
+    options = {k: v for k, v in case.options.items() if k != "batch_size"}
+    from onmt_lite.translate.translator import DecodingOptions
+
+    class RecordingBeam(TieRecordingBeam, Beam):
+        pass
+
+    class RecordingTranslator(Translator):
+        beam_class = RecordingBeam
+
+        def _beam_search(self, src, src_len, max_length):
+            self.beams = []
+            return super()._beam_search(src, src_len, max_length)
+
+        def _new_beam(self, max_length):
+            beam = super()._new_beam(max_length)
+            self.beams.append(beam)
+            return beam
+
+    translator = RecordingTranslator(base.model, base.src_vocab, base.tgt_vocab,
+                                     DecodingOptions(**options),
+                                     model_max_src_len=base.model_max_src_len)
+    gaps, wanted = {}, set(lines)
+    for batch in translator.translate_batches(case.src, case.tgt,
+                                              case.options.get("batch_size", 32)):
+        for trans, beam in zip(batch, translator.beams):
+            if trans.index in wanted:
+                gaps[trans.index] = min(beam.gaps)
+        if wanted <= set(gaps):
+            break
+    return gaps
+
+
 def run_case(case: Case, model: str, translator_cache: dict, only: Optional[set] = None,
              reproduce_bug: bool = False):
     """Translates as the case says; returns (translations in input order, decoded line numbers)."""
@@ -310,6 +371,9 @@ def main(models) -> None:
             results = run_case(case, model, cache)
             report = compare(case, model, results)
             report["summary"] = summary_check(case, model, results)
+            if report["mismatch"] and case.divergence != "blocking":
+                report["boundary_gaps"] = smallest_boundary_gaps(
+                    case, model, cache, report["mismatch"])
             if case.divergence == "blocking":
                 buggy = compare(case, model, run_case(case, model, cache, reproduce_bug=True))
                 report["with_their_bug_reproduced"] = buggy["match"]
