@@ -140,14 +140,14 @@ class BlockingBugBeam:
         layout, step = self.layout, len(self.next_ys)
         if step != layout.step:  # first beam of a new step
             layout.previous = layout.current
-            layout.snapshot = {id(b): [dict(t) for t in b.forbidden] for b in layout.previous}
+            layout.snapshot = {id(b): b.blocker.tables for b in layout.previous}
             layout.current, layout.step = [], step
         position = len(layout.current)
         if layout.previous and [id(b) for b in layout.previous] != [
                 id(b) for b in layout.previous if not b.done()]:
             source = layout.previous[position]
-            self.forbidden = [{k: set(v) for k, v in t.items()}
-                              for t in layout.snapshot[id(source)]]
+            self.blocker.tables = [{k: set(v) for k, v in t.items()}
+                                   for t in layout.snapshot[id(source)]]
         layout.current.append(self)
         super().advance(word_logprobs, attn_out)
 

@@ -3,8 +3,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from onmt_lite.constants import BLOCKED_SCORE, FINISHED_SCORE
+from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.translate.ngram_blocker import NgramBlocker
 
 
 class Beam:
@@ -26,7 +27,6 @@ class Beam:
         self.scorer = global_scorer or GNMTGlobalScorer()
         self.min_length, self.max_length = min_length, max_length
         self.stepwise_penalty = stepwise_penalty and self.scorer.has_cov_pen
-        self.block_ngram_repeat, self.exclusion_tokens = block_ngram_repeat, exclusion_tokens
         self.scores = torch.full((size,), float("-inf"))  # running log-probs
         self.scores[0] = 0.0
         self.all_scores: List[torch.Tensor] = []  # penalised candidate scores per step
@@ -37,8 +37,8 @@ class Beam:
         self.eos_top = False
         self.coverage: Optional[torch.Tensor] = None
         self.prev_penalty: Optional[torch.Tensor] = None
-        self.seqs = [[bos] for _ in range(size)]  # only kept for n-gram blocking
-        self.forbidden = [dict() for _ in range(size)]
+        self.blocker = (NgramBlocker(block_ngram_repeat, size, bos, exclusion_tokens)
+                        if block_ngram_repeat > 0 else None)
         self._done = False
 
     def get_current_state(self) -> torch.Tensor:
@@ -65,14 +65,16 @@ class Beam:
         log_probs += self.scores.unsqueeze(1)
         length_penalty = self.scorer.length_penalty(step + 1)  # +1: the </s> that may follow
         curr = log_probs / length_penalty if length_penalty != 1 else log_probs
-        self._block_ngrams(curr)
+        if self.blocker:
+            self.blocker.block(curr)
         top_scores, ids = curr.view(-1).topk(self.size)
         self.scores = top_scores * length_penalty
         prev_k = torch.div(ids, vocab_size, rounding_mode="floor")
         ys = ids - prev_k * vocab_size
         self.prev_ks.append(prev_k)
         self.next_ys.append(ys)
-        self._update_ngrams(prev_k, ys)
+        if self.blocker:
+            self.blocker.update(prev_k.tolist(), ys.tolist())
         current_attn = attn_out.index_select(0, prev_k)
         self.attn.append(current_attn)
         if self.scorer.has_cov_pen:
@@ -96,33 +98,6 @@ class Beam:
         self.scores = self.scores.masked_fill(ended, FINISHED_SCORE)
         self.eos_top = bool(ys[0] == self.eos)
         self._done = (self.eos_top or at_max_length) and len(self.finished) >= self.n_best
-
-    def _ngram_key(self, seq: List[int]) -> tuple:
-        n = self.block_ngram_repeat - 1
-        return tuple(seq[len(seq) - n:]) if n > 0 else ()
-
-    def _block_ngrams(self, curr: torch.Tensor) -> None:
-        if self.block_ngram_repeat <= 0 or len(self.next_ys) < self.block_ngram_repeat:
-            return
-        for k, seq in enumerate(self.seqs):
-            banned = self.forbidden[k].get(self._ngram_key(seq))
-            if banned:
-                curr[k, list(banned)] = BLOCKED_SCORE
-
-    def _update_ngrams(self, prev_k: torch.Tensor, ys: torch.Tensor) -> None:
-        if self.block_ngram_repeat <= 0:
-            return
-        n = self.block_ngram_repeat
-        seqs, forbidden = [], []
-        for p, y in zip(prev_k.tolist(), ys.tolist()):
-            seq = self.seqs[p] + [y]
-            table = {key: set(tokens) for key, tokens in self.forbidden[p].items()}
-            ngram = seq[-n:]
-            if len(seq) >= n and not set(ngram) & self.exclusion_tokens:
-                table.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])
-            seqs.append(seq)
-            forbidden.append(table)
-        self.seqs, self.forbidden = seqs, forbidden
 
     def sort_finished(self, minimum: Optional[int] = None) -> Tuple[List[float], List[Tuple[int, int]]]:
         """Finished hypotheses, best first (ties keep finishing order).

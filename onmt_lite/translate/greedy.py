@@ -7,8 +7,9 @@ from typing import List, Optional
 
 import torch
 
-from onmt_lite.constants import BLOCKED_SCORE, FINISHED_SCORE
+from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.translate.ngram_blocker import NgramBlocker
 
 
 @dataclass
@@ -62,6 +63,8 @@ def greedy_search(model, src, src_len, *, bos: int, eos: int, max_length: int,
     seqs = [[bos] for _ in range(batch)]
     attns: List[List[torch.Tensor]] = [[] for _ in range(batch)]
     coverage = None
+    blocker = (NgramBlocker(block_ngram_repeat, batch, bos, exclusion_tokens)
+               if block_ngram_repeat > 0 else None)
     results: List[Optional[Hypothesis]] = [None] * batch
     for step in range(1, max_length + 1):  # step = prefix length, <s> included
         out, attn = model.decoder.step(tokens)
@@ -70,14 +73,16 @@ def greedy_search(model, src, src_len, *, bos: int, eos: int, max_length: int,
             log_probs[:, eos] = FINISHED_SCORE
         lp = scorer.length_penalty(step + 1)
         curr = (log_probs + scores.unsqueeze(1)) / lp if lp != 1 else log_probs + scores.unsqueeze(1)
-        if block_ngram_repeat > 0:
-            _block(curr, [seqs[i] for i in live.tolist()], block_ngram_repeat, exclusion_tokens)
+        if blocker:
+            blocker.block(curr)
         if sampler is None:
             top, tokens = curr.max(dim=1)
         else:
             tokens = sampler.pick(log_probs)
             top = curr.gather(1, tokens.unsqueeze(1)).squeeze(1)
         scores = top * lp
+        if blocker:
+            blocker.update(range(len(live)), tokens.tolist())
         if scorer.has_cov_pen:
             coverage = attn if coverage is None else coverage + attn
             padded = torch.arange(attn.size(1), device=src.device) >= src_len[live].unsqueeze(1)
@@ -97,15 +102,8 @@ def greedy_search(model, src, src_len, *, bos: int, eos: int, max_length: int,
             rows = torch.tensor(keep, device=src.device)
             live, tokens, scores = live[keep], tokens[rows], scores[rows]
             coverage = coverage.index_select(0, rows) if coverage is not None else None
+            if blocker:
+                blocker.keep(keep)
             model.decoder.map_state(lambda state, dim: state.index_select(dim, rows))
     return results
 
-
-def _block(curr: torch.Tensor, seqs: List[List[int]], n: int, exclusion: frozenset) -> None:
-    """Forbids tokens that would repeat an n-gram already in each sequence."""
-    for row, seq in enumerate(seqs):
-        key = tuple(seq[len(seq) - (n - 1):]) if n > 1 else ()
-        banned = {seq[j + n - 1] for j in range(len(seq) - n + 1)
-                  if tuple(seq[j:j + n - 1]) == key and not set(seq[j:j + n]) & exclusion}
-        if banned:
-            curr[row, list(banned)] = BLOCKED_SCORE
