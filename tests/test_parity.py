@@ -12,11 +12,11 @@ CI_BATCHES = {0, 13, 31}  # of the 32 batches of 32 lines; the first and last ar
 _translators: dict = {}
 
 
-def _check(case_name: str, model: str, only):
+def _check(case_name: str, model: str, only, engine: str = "sentence"):
     case = parity.CASE_BY_NAME[case_name]
     if only is not None and case.options.get("batch_size") == 1:
         only = set(range(0, 1000, 97))  # a spread of single-sentence batches
-    results = parity.run_case(case, model, _translators, only=only)
+    results = parity.run_case(case, model, _translators, only=only, engine=engine)
     report = parity.compare(case, model, results)
     if case.divergence == "blocking":
         _check_blocking_bug(case, model, only, results, report)
@@ -59,6 +59,14 @@ def _check_blocking_bug(case, model, only, results, report):
 @pytest.mark.parametrize("case_name", [c.name for c in parity.CASES])
 def test_parity_subset(case_name, model):
     _check(case_name, model, CI_BATCHES)
+
+
+@pytest.mark.parametrize("model", parity.MODELS)
+@pytest.mark.parametrize("case_name", [c.name for c in parity.CASES
+                                       if c.options.get("beam_size", 5) > 1])
+def test_parity_batch_engine(case_name, model):
+    """The batched engine (-beam_engine batch) matches too; one batch per case in CI."""
+    _check(case_name, model, {0}, engine="batch")
 
 
 @pytest.mark.slow

@@ -120,7 +120,18 @@ class TableModel:
         return out
 
 
+ENGINE = {"name": "batch"}
+
+
+@pytest.fixture(autouse=True, params=["batch", "sentence"])
+def engine(request):
+    """Every test runs with both beam engines."""
+    ENGINE["name"] = request.param
+    return request.param
+
+
 def translate(lines, batch_size=30, **options):
+    options.setdefault("beam_engine", ENGINE["name"])
     options.setdefault("max_length_ratio", 0)
     options.setdefault("length_penalty", "none")
     model = TableModel()

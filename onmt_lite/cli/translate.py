@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "max_length", type=int, default=250, help="maximum number of tokens")
     add(g, "max_length_ratio", type=float, default=1.25,
         help="limit to padded batch source length * ratio + 5 (0: off)")
+    add(g, "beam_engine", default="batch", choices=["batch", "sentence"],
+        help="batch: all sentences advance together; sentence: one Beam per sentence")
     add(g, "block_ngram_repeat", type=int, default=0, help="forbid repeating n-grams of this size")
     add(g, "ignore_when_blocking", nargs="+", default=[], help="tokens exempt from blocking")
     add(g, "replace_unk", action="store_true",

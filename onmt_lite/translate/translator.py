@@ -10,6 +10,7 @@ from onmt_lite.checkpoint import load_model
 from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.translate.beam import Beam
+from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
 from onmt_lite.translate.greedy import Hypothesis, Sampler, greedy_search
 from onmt_lite.translate.translation import Translation
@@ -38,6 +39,7 @@ class DecodingOptions:
     random_sampling_temp: float = 1.0
     seed: int = -1
     src_seq_length_trunc: int = 0
+    beam_engine: str = "batch"  # batch: beam_search.py; sentence: one Beam per sentence
 
     def validate(self) -> None:
         if self.beam_size < 1:
@@ -46,6 +48,8 @@ class DecodingOptions:
             raise ValueError("-max_length must be at least 1")
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
+        if self.beam_engine not in ("sentence", "batch"):
+            raise ValueError("-beam_engine must be sentence or batch")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
         if sampling and self.beam_size != 1:
             raise ValueError("random sampling needs -beam_size 1")
@@ -177,6 +181,13 @@ class Translator:
                 max_length=max_length, min_length=self.opt.min_length, scorer=self.scorer,
                 block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
                 sampler=self.sampler)]
+        elif self.opt.beam_engine == "batch":
+            hyps = beam_search(
+                self.model, src, src_len, beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
+                eos=self.tgt_vocab.eos, max_length=max_length, n_best=self.opt.n_best,
+                min_length=self.opt.min_length, scorer=self.scorer,
+                stepwise_penalty=self.opt.stepwise_penalty,
+                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):

@@ -1,0 +1,123 @@
+"""Batched beam search: every sentence of a batch advances with a few tensor operations a step.
+
+Same semantics, scores and results as one Beam per sentence (see beam.py); only bookkeeping of
+finished hypotheses touches Python lists, and only at steps where some hypothesis ends.
+"""
+from typing import Dict, List, Optional
+
+import torch
+
+from onmt_lite.constants import FINISHED_SCORE
+from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.translate.greedy import Hypothesis
+from onmt_lite.translate.ngram_blocker import NgramBlocker
+
+
+def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: int, bos: int,
+                eos: int, max_length: int, n_best: int = 1, min_length: int = 0,
+                scorer: Optional[GNMTGlobalScorer] = None, stepwise_penalty: bool = False,
+                block_ngram_repeat: int = 0,
+                exclusion_tokens: frozenset = frozenset()) -> List[List[Hypothesis]]:
+    """Beam search over a batch; finished sentences leave the decoder state.
+
+    Args:
+        src: (B, S) source ids; src_len: (B,) lengths.
+    Returns:
+        for each sentence, its ``n_best`` hypotheses, best first.
+    """
+    scorer = scorer or GNMTGlobalScorer()
+    stepwise = stepwise_penalty and scorer.has_cov_pen
+    k, batch, dec, device = beam_size, src.size(0), model.decoder, src.device
+    # a. Encode once; repeat every state row k times (rows are sentence-major: b * k + j).
+    memory, final = model.encode(src, src_len)
+    dec.init_state(src_len, memory, final)
+    dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
+    live = list(range(batch))  # original sentence of each block of k rows
+    scores = torch.full((batch, k), float("-inf"), device=device)  # running log-probs
+    scores[:, 0] = 0.0  # the first step extends hypothesis 0 only
+    seqs = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)  # (rows, t)
+    attn_hist = None  # (rows, t, S)
+    padding = (torch.arange(src.size(1), device=device) >= src_len.unsqueeze(1)
+               ).repeat_interleave(k, dim=0)  # (rows, S)
+    lengths = src_len.tolist()
+    coverage = prev_penalty = None
+    blocker = (NgramBlocker(block_ngram_repeat, batch * k, bos, exclusion_tokens)
+               if block_ngram_repeat > 0 else None)
+    finished: Dict[int, list] = {b: [] for b in range(batch)}
+    results: List[Optional[List[Hypothesis]]] = [None] * batch
+
+    def cov_penalty(cov):  # padded positions count as fully covered: no penalty
+        return scorer.cov_penalty(cov.masked_fill(padding, 1.0))
+
+    for step in range(1, max_length + 1):  # step = prefix length, <s> included
+        n = len(live)
+        # b. One decoder step for all live hypotheses.
+        out, attn = dec.step(seqs[:, -1])
+        log_probs = model.log_probs(out)  # (n * k, V)
+        attn = attn.float()
+        vocab = log_probs.size(1)
+        if stepwise and prev_penalty is not None:
+            scores = scores + prev_penalty - cov_penalty(coverage + attn).view(n, k)
+        # c. Candidate scores: min length, running score, length penalty, n-gram blocking.
+        if step <= min_length:
+            log_probs[:, eos] = FINISHED_SCORE
+        log_probs += scores.view(-1, 1)
+        length_penalty = scorer.length_penalty(step + 1)  # +1: the </s> that may follow
+        curr = log_probs / length_penalty if length_penalty != 1 else log_probs
+        if blocker:
+            blocker.block(curr)
+        # d. The k best of each sentence's k * V candidates; their origins and tokens.
+        top_scores, ids = curr.view(n, k * vocab).topk(k, dim=1)  # (n, k)
+        scores = top_scores * length_penalty
+        origin = torch.div(ids, vocab, rounding_mode="floor")
+        tokens = ids - origin * vocab
+        select = (origin + torch.arange(n, device=device).unsqueeze(1) * k).view(-1)  # (n*k,)
+        seqs = torch.cat([seqs.index_select(0, select), tokens.view(-1, 1)], dim=1)
+        current_attn = attn.index_select(0, select)
+        attn_hist = current_attn.unsqueeze(1) if attn_hist is None else torch.cat(
+            [attn_hist.index_select(0, select), current_attn.unsqueeze(1)], dim=1)
+        if blocker:
+            blocker.update(select.tolist(), tokens.view(-1).tolist())
+        # e. Coverage follows the chosen paths.
+        if scorer.has_cov_pen:
+            if coverage is None:
+                coverage, prev_penalty = current_attn, torch.zeros_like(scores)
+            else:
+                coverage = coverage.index_select(0, select) + current_attn
+                prev_penalty = cov_penalty(coverage).view(n, k)
+            if not stepwise:
+                top_scores = top_scores - cov_penalty(coverage).view(n, k)
+        # f. Record finished hypotheses; a sentence is done when its top candidate ended.
+        ended = tokens.eq(eos) if step < max_length else torch.ones_like(tokens, dtype=torch.bool)
+        keep = list(range(n))
+        if bool(ended.any()):
+            scores = scores.masked_fill(ended, FINISHED_SCORE)
+            ended_rows, top = ended.tolist(), top_scores.tolist()
+            keep = []
+            for i, b in enumerate(live):
+                for j in (j for j in range(k) if ended_rows[i][j]):
+                    row = i * k + j
+                    finished[b].append((top[i][j], seqs[row, 1:],
+                                        attn_hist[row, :, :lengths[b]]))
+                if ended_rows[i][0] and len(finished[b]) >= n_best:
+                    ranked = sorted(finished[b], key=lambda f: f[0], reverse=True)[:n_best]
+                    results[b] = [Hypothesis(t.tolist(), s, a) for s, t, a in ranked]
+                else:
+                    keep.append(i)
+            if not keep:
+                break
+        # g. Reorder the decoder state by the chosen origins, dropping finished sentences.
+        if len(keep) < n:
+            rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=device)
+            live = [live[i] for i in keep]
+            keep_t = torch.tensor(keep, device=device)
+            scores, select = scores.index_select(0, keep_t), select.index_select(0, rows)
+            seqs, attn_hist = seqs.index_select(0, rows), attn_hist.index_select(0, rows)
+            padding = padding.index_select(0, rows)
+            if coverage is not None:
+                coverage = coverage.index_select(0, rows)
+                prev_penalty = prev_penalty.index_select(0, keep_t)
+            if blocker:
+                blocker.keep(rows.tolist())
+        dec.map_state(lambda state, dim: state.index_select(dim, select))
+    return results
