@@ -370,7 +370,7 @@ def main(models) -> None:
         for case in CASES:
             if os.environ.get("PARITY_CASES") and case.name not in os.environ["PARITY_CASES"].split(","):
                 continue
-            results = run_case(case, model, cache)
+            results = run_case(case, model, cache, engine=os.environ.get("PARITY_ENGINE", "sentence"))
             report = compare(case, model, results)
             report["summary"] = summary_check(case, model, results)
             if report["mismatch"] and case.divergence != "blocking":
