@@ -270,3 +270,12 @@ def test_stub_rejects_a_prefix_outside_the_table():
     with pytest.raises(AssertionError):
         _assert_allowed_path(TABLE_A, ("C",))
     _assert_allowed_path(TABLE_A, ("B", EOS))  # a finished hypothesis stepped once more
+
+
+def test_token_batches_respect_the_budget():
+    translator = Translator(TableModel(), VOCAB, VOCAB, DecodingOptions())
+    lines = [["A"] * n for n in (3, 1, 2, 2, 5, 1)]
+    batches = list(translator._batches(lines, None, 4, "tokens"))
+    # sorted by length: 1 1 2 2 3 5 -> [1 1] (2x2=4 would fit; 3x2=6 does not) ...
+    assert [[len(lines[i]) for i in b] for b in batches] == [[1, 1], [2, 2], [3], [5]]
+    assert all(len(b) * max(len(lines[i]) for i in b) <= 4 or len(b) == 1 for b in batches)

@@ -8,6 +8,8 @@ import sys
 import tempfile
 import time
 
+import torch
+
 from onmt_lite.checkpoint import CheckpointError
 from onmt_lite.cli.options import add, parse_with_config
 from onmt_lite.corpus import InputError
@@ -26,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "src", help="source file, one tokenized sentence per line ('-': standard input)")
     add(g, "tgt", help="reference file: adds GOLD SCORE / GOLD PPL")
     add(g, "output", default="pred.txt", help="output file ('-': standard output)")
-    add(g, "batch_size", type=int, default=30, help="sentences per batch")
+    add(g, "batch_size", type=int, default=30, help="sentences (or tokens) per batch")
+    add(g, "batch_type", default="sents", choices=["sents", "tokens"],
+        help="what -batch_size counts: sentences, or padded source tokens")
     add(g, "src_seq_length_trunc", type=int, default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
     g = parser.add_argument_group("Beam search")
@@ -61,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "report_time", action="store_true", help="log total time and tokens per second")
     g = parser.add_argument_group("Device")
     add(g, "gpu", type=int, default=-1, help="GPU id (-1: CPU)")
+    add(g, "threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     return parser
 
 
@@ -110,6 +115,8 @@ class AtomicOutput:
 
 
 def run(args) -> None:
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     translator = build_translator(vars(args))
     start = time.time()
     pred_total = gold_total = 0.0
@@ -117,7 +124,7 @@ def run(args) -> None:
     dump_file = AtomicOutput(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
     with AtomicOutput(args.output) as out, dump_file as dump:
         for trans in translator.translate_iter(args.src, args.tgt, args.batch_size,
-                                               progress=not args.verbose):
+                                               not args.verbose, args.batch_type):
             out.write("".join(line + "\n" for line in trans.output_lines(args.with_score)))
             count += 1
             pred_total += trans.scores[0]

@@ -89,23 +89,28 @@ class Translator:
 
     # -- public API -----------------------------------------------------------------------
     def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
-                  batch_size: int = 30, attn_debug: bool = False,
-                  progress: bool = False) -> List[Translation]:
-        """Translates a file path or a list of lines; results come back in input order."""
-        return list(self.translate_iter(src, tgt, batch_size, progress=progress))
+                  batch_size: int = 30, attn_debug: bool = False, progress: bool = False,
+                  batch_type: str = "sents") -> List[Translation]:
+        """Translates a file path or a list of lines; results come back in input order.
 
-    def translate_iter(self, src, tgt=None, batch_size: int = 30,
-                       progress: bool = False) -> Iterator[Translation]:
+        ``batch_size`` counts sentences, or with ``batch_type="tokens"`` padded source tokens.
+        """
+        return list(self.translate_iter(src, tgt, batch_size, progress, batch_type))
+
+    def translate_iter(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
+                       batch_type: str = "sents") -> Iterator[Translation]:
         """Like translate, yielding each Translation in input order as soon as it is ready."""
         results, next_out = {}, 0
-        for batch in self.translate_batches(src, tgt, batch_size, progress=progress):
+        for batch in self.translate_batches(src, tgt, batch_size, progress=progress,
+                                            batch_type=batch_type):
             results.update((t.index, t) for t in batch)
             while next_out in results:
                 yield results.pop(next_out)
                 next_out += 1
 
     def translate_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
-                          only: Optional[set] = None) -> Iterator[List[Translation]]:
+                          only: Optional[set] = None,
+                          batch_type: str = "sents") -> Iterator[List[Translation]]:
         """Translations batch by batch, in decoding order (lines sorted by length).
 
         Args:
@@ -120,7 +125,9 @@ class Translator:
                              f"{len(src_lines)}")
         src_tokens = [self._source_tokens(line, i) for i, line in enumerate(src_lines, 1)]
         tgt_tokens = [line.split() for line in tgt_lines] if tgt_lines is not None else None
-        batches = list(self._batches(src_tokens, tgt_tokens, batch_size))
+        if batch_type not in ("sents", "tokens"):
+            raise ValueError("-batch_type must be sents or tokens")
+        batches = list(self._batches(src_tokens, tgt_tokens, batch_size, batch_type))
         for number, indices in enumerate(tqdm(batches, disable=not progress or len(batches) < 2,
                                               desc="translate", unit="batch", leave=False)):
             if only is None or number in only:
@@ -136,16 +143,24 @@ class Translator:
             tokens = tokens[:limit]
         return tokens
 
-    def _batches(self, src_tokens, tgt_tokens, batch_size: int):
+    def _batches(self, src_tokens, tgt_tokens, batch_size: int, batch_type: str):
         """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
-        cuts consecutive batches, as OpenNMT-py does."""
+        cuts consecutive batches, as OpenNMT-py does: ``batch_size`` sentences, or with
+        ``tokens`` as many as keep sentences x longest source within ``batch_size``."""
         order = [i for i, toks in enumerate(src_tokens) if toks]
         if tgt_tokens is None:
             order.sort(key=lambda i: len(src_tokens[i]))
         else:
             order.sort(key=lambda i: (len(src_tokens[i]), len(tgt_tokens[i]) + 2))
-        for start in range(0, len(order), batch_size):
-            yield order[start:start + batch_size]
+        batch: List[int] = []
+        for i in order:  # ascending source length: line i is the longest of its batch so far
+            size = (len(batch) + 1) * (len(src_tokens[i]) if batch_type == "tokens" else 1)
+            if batch and size > batch_size:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
         empties = [i for i, toks in enumerate(src_tokens) if not toks]
         if empties:
             yield empties
