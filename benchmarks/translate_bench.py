@@ -1,0 +1,147 @@
+"""Translation speed, memory and BLEU: onmt_lite's engines, and optionally OpenNMT-py and
+CTranslate2 on the same checkpoint, side by side in one run.
+
+    python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF [-peers VENV] [-json F]
+
+Every configuration runs ``-warmup`` times unmeasured, then ``-runs`` times, each in its own
+process. Reported per configuration (median, min, max over runs): translation time without
+interpreter start-up and model load (as each tool reports it), whole-process time, sentences/s
+and target tokens/s (over translation time), peak RSS, and BLEU (sacrebleu, -tok none).
+Peers come from a separate virtualenv (../shared/peers/setup-peers.sh VENV makes one); they are
+never dependencies of onmt_lite.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import sacrebleu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CT2_SCRIPT = """
+import sys, time, ctranslate2
+model, src, out, beam, batch, compute, threads = sys.argv[1:8]
+translator = ctranslate2.Translator(model, device="cpu", compute_type=compute,
+                                    intra_threads=int(threads))
+lines = [l.split() for l in open(src, encoding="utf-8").read().split("\\n")[:-1]]
+start = time.time()
+results = translator.translate_batch(lines, beam_size=int(beam), max_batch_size=int(batch),
+                                     length_penalty=1.0, max_decoding_length=250)
+elapsed = time.time() - start
+with open(out, "w", encoding="utf-8") as f:
+    f.write("".join(" ".join(r.hypotheses[0]) + "\\n" for r in results))
+print("Total translation time (s): %.4f" % elapsed)
+"""
+
+
+def measure(name, cmd, output, args, env=None):
+    """Warm-up and timed runs of one configuration (each run in a fresh helper process)."""
+    runs = []
+    for i in range(args.warmup + args.runs):
+        proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
+                              text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        if i >= args.warmup:
+            match = re.search(r"Total translation time \(s\): ([\d.]+)", child["log"])
+            runs.append({"translate_s": float(match.group(1)) if match else child["wall"],
+                         "process_s": child["wall"], "peak_rss_mib": child["rss"]})
+    with open(output, encoding="utf-8") as f:
+        hyps = f.read().split("\n")[:-1]
+    with open(args.ref, encoding="utf-8") as f:
+        refs = f.read().split("\n")[:-1]
+    if len(hyps) != len(refs):
+        raise ValueError(f"{name}: {len(hyps)} output lines but {len(refs)} reference lines")
+    tokens = sum(len(h.split()) for h in hyps)
+
+    def stats(key):
+        values = [r[key] for r in runs]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    t = stats("translate_s")
+    return {"name": name, "translate_s": t, "process_s": stats("process_s"),
+            "peak_rss_mib": stats("peak_rss_mib"),
+            "sents_per_s": len(hyps) / t["median"], "tokens_per_s": tokens / t["median"],
+            "bleu": round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score, 2)}
+
+
+def child(cmd):
+    """Runs cmd and prints one JSON line: its log, wall time and peak RSS (MiB)."""
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    wall = time.time() - start
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        sys.exit(proc.returncode)
+    print(json.dumps({"log": proc.stdout + proc.stderr, "wall": wall, "rss": rss}))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("-model", required=True)
+    p.add_argument("-src", required=True)
+    p.add_argument("-ref", required=True)
+    p.add_argument("-beam_size", type=int, default=5)
+    p.add_argument("-batch_size", type=int, default=32)
+    p.add_argument("-threads", type=int, default=2)
+    p.add_argument("-runs", type=int, default=3)
+    p.add_argument("-warmup", type=int, default=1)
+    p.add_argument("-engines", nargs="+", default=["batch", "sentence"])
+    p.add_argument("-extra", nargs="*", default=[], help="more translate.py options")
+    p.add_argument("-peers", help="virtualenv with OpenNMT-py 3.5.1 and CTranslate2")
+    p.add_argument("-ct2_threads", type=int, default=1)
+    p.add_argument("-json", help="also write the results here")
+    args = p.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="bench-")
+    common = ["-model", args.model, "-src", args.src, "-beam_size", str(args.beam_size),
+              "-batch_size", str(args.batch_size)]
+    results = []
+    for engine in args.engines:
+        out = os.path.join(work, f"onmt_lite.{engine}.txt")
+        cmd = [sys.executable, os.path.join(ROOT, "translate.py"), *common, "-output", out,
+               "-beam_engine", engine, "-threads", str(args.threads), "-report_time", *args.extra]
+        results.append(measure(f"onmt_lite {engine}", cmd, out, args))
+    if args.peers:
+        env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
+                   OMP_NUM_THREADS=str(args.threads))
+        out = os.path.join(work, "opennmt-py.txt")
+        cmd = [os.path.join(args.peers, "bin", "onmt_translate"), *common, "-output", out,
+               "-gpu", "-1", "-report_time"]
+        results.append(measure("OpenNMT-py", cmd, out, args, env))
+        ct2_dir = os.path.join(work, "ct2")
+        subprocess.run([os.path.join(args.peers, "bin", "ct2-opennmt-py-converter"),
+                        "--model_path", args.model, "--output_dir", ct2_dir], check=True,
+                       env=env, capture_output=True)
+        for compute in ("float32", "int8"):
+            out = os.path.join(work, f"ct2.{compute}.txt")
+            cmd = [os.path.join(args.peers, "bin", "python"), "-c", CT2_SCRIPT, ct2_dir,
+                   args.src, out, str(args.beam_size), str(args.batch_size), compute,
+                   str(args.ct2_threads)]
+            results.append(measure(f"CTranslate2 {compute}", cmd, out, args, env))
+    base = results[0]["translate_s"]["median"]
+    print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
+          f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8}")
+    for r in results:
+        t = r["translate_s"]
+        r["speedup_vs_first"] = base / t["median"]
+        print(f"{r['name']:22} {t['median']:8.2f} ({t['min']:.2f}-{t['max']:.2f})      "
+              f"{r['process_s']['median']:10.2f} {r['sents_per_s']:8.1f} {r['tokens_per_s']:8.1f} "
+              f"{r['peak_rss_mib']['median']:8.0f} {r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "-_child":
+        child(sys.argv[2:])
+    else:
+        main()
