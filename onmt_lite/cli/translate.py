@@ -144,7 +144,7 @@ def run(args) -> None:
     if args.tgt:
         logger.info(_summary("GOLD", gold_total, count))
     if args.report_time:
-        logger.info("Total translation time (s): %.1f", elapsed)
+        logger.info("Total translation time (s): %.3f", elapsed)
         logger.info("Average translation time (ms): %.1f", elapsed / max(count, 1) * 1000)
         logger.info("Tokens per second: %.1f", words / max(elapsed, 1e-9))
 
