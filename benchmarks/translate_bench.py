@@ -15,6 +15,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def main(argv=None):
     p.add_argument("-runs", type=int, default=3)
     p.add_argument("-warmup", type=int, default=1)
     p.add_argument("-engines", nargs="+", default=["batch", "sentence"])
-    p.add_argument("-extra", nargs="*", default=[], help="more translate.py options")
+    p.add_argument("-extra", default="", help='more translate.py options: -extra="-n_best 2"')
     p.add_argument("-peers", help="virtualenv with OpenNMT-py 3.5.1 and CTranslate2")
     p.add_argument("-ct2_threads", type=int, default=1)
     p.add_argument("-json", help="also write the results here")
@@ -107,7 +108,8 @@ def main(argv=None):
     for engine in args.engines:
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
         cmd = [sys.executable, os.path.join(ROOT, "translate.py"), *common, "-output", out,
-               "-beam_engine", engine, "-threads", str(args.threads), "-report_time", *args.extra]
+               "-beam_engine", engine, "-threads", str(args.threads), "-report_time",
+               *shlex.split(args.extra)]
         results.append(measure(f"onmt_lite {engine}", cmd, out, args))
     if args.peers:
         env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",

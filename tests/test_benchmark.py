@@ -1,0 +1,30 @@
+"""benchmarks/translate_bench.py runs end to end and reports every figure, as text and JSON."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, TINY_TRANSFORMER, make_model
+
+from onmt_lite.checkpoint import save_checkpoint
+
+
+def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
+    ckpt = str(tmp_path / "m.pt")
+    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
+    (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "translate_bench.py"), "-model", ckpt,
+         "-src", str(tmp_path / "src"), "-ref", str(tmp_path / "ref"), "-runs", "1",
+         "-warmup", "0", "-threads", "1", "-extra=-max_length 5", "-json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "onmt_lite batch" in proc.stdout and "onmt_lite sentence" in proc.stdout
+    results = json.loads(out.read_text())
+    assert [r["name"] for r in results] == ["onmt_lite batch", "onmt_lite sentence"]
+    for r in results:
+        assert r["translate_s"]["median"] > 0 and r["peak_rss_mib"]["median"] > 0
+        assert r["sents_per_s"] > 0 and 0 <= r["bleu"] <= 100
