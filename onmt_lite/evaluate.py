@@ -26,7 +26,8 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: 
                              f"{len(hyps)}")
     scores = []
     if "bleu" in metrics:
-        bleu = sacrebleu.BLEU(tokenize=tokenize, lowercase=lowercase)
+        # force: with tokenize=none the input is tokenized on purpose; no detokenization warning
+        bleu = sacrebleu.BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
         result = bleu.corpus_score(list(hyps), [list(r) for r in refs])
         scores.append(Score("BLEU", result.score, str(bleu.get_signature()), str(result)))
     if "chrf" in metrics:
