@@ -8,7 +8,8 @@ import pytest
 import torch
 
 # The batch dimension of each state entry, written out: RNN hidden/cell are (layers, B, H).
-RNN_BATCH_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "src_mask": 0}
+RNN_BATCH_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "src_mask": 0,
+                  "sentence": 0}
 ATOL = 1e-5
 
 
@@ -43,13 +44,14 @@ def test_state_entries_have_the_stated_batch_dim(model_case, padded_batch):
         assert "src_mask" in keys and "memory_keys.0" in keys and "self_keys.1" in keys
     else:
         lstm = "LSTM" in name
-        assert keys == {"hidden", "input_feed", "memory", "src_mask"} | ({"cell"} if lstm else set())
+        assert keys == {"hidden", "input_feed", "memory", "src_mask", "sentence"} | (
+            {"cell"} if lstm else set())
     by_id = {id(v): k for k, v in model.decoder.state.items()}
     seen = {}
 
-    def record(tensor, dim):
+    def record(tensor, dim):  # rows change sentence: every entry is reordered
         seen[by_id[id(tensor)]] = dim
-        return tensor
+        return tensor.flip(dim)
 
     model.decoder.map_state(record)
     assert seen == {k: expected_batch_dim(name, k) for k in keys}
@@ -84,6 +86,24 @@ def test_map_state_index_select_moves_every_entry_and_the_next_step(model_case, 
     for row, origin in enumerate(select):
         torch.testing.assert_close(out[row], ref_out[origin, 2], atol=ATOL, rtol=0)
         torch.testing.assert_close(attn[row], ref_attn[origin, 2], atol=ATOL, rtol=0)
+
+
+def test_reorder_within_sentences_keeps_source_entries(model_case, padded_batch):
+    """A beam step moves rows only within their sentence: the source side is not copied."""
+    name, _, model = model_case
+    src, src_len, tgt = padded_batch
+    start(model, src, src_len)
+    model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
+    steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
+    before = dict(model.decoder.state)
+    select = torch.tensor([1, 1, 2, 3, 5, 4])  # row 2b + j: each row stays in sentence b
+    model.decoder.map_state(lambda t, d: t.index_select(d, select))
+    source = [k for k in before if k.startswith("memory") or k == "src_mask"]
+    assert source and all(model.decoder.state[k] is before[k] for k in source)
+    moved = [k for k in before if k not in source and k != "sentence"]
+    for key in moved:
+        dim = expected_batch_dim(name, key)
+        assert torch.equal(model.decoder.state[key], before[key].index_select(dim, select)), key
 
 
 def test_repeat_interleave_tiles_each_row(model_case, padded_batch):

@@ -1,13 +1,12 @@
 """RNN encoder (optionally bidirectional) and input-feeding attention decoder."""
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from onmt_lite.models.attention import GlobalAttention
-
-StateFn = Callable[[torch.Tensor, int], torch.Tensor]
+from onmt_lite.models.state import StateFn, map_state, new_state
 
 
 def padding_mask(src_len: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -86,23 +85,21 @@ class InputFeedRNNDecoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.state: Dict[str, torch.Tensor] = {}
 
-    # Batch dimension of each state entry, for map_state.
-    STATE_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "src_mask": 0}
+    STATE_DIMS = {"hidden": 1, "cell": 1}  # the others are batch-first
+    SOURCE_KEYS = ("memory", "src_mask")
 
     def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final: Tuple) -> None:
         """Starts decoding from the encoder's final state, with a zero input feed."""
-        self.state = {
-            "hidden": final[0],
-            "input_feed": memory.new_zeros(memory.size(0), self.hidden_size),
-            "memory": memory,
-            "src_mask": padding_mask(src_len, memory.size(1)),
-        }
+        self.state = new_state(memory.size(0), memory.device)
+        self.state.update(hidden=final[0],
+                          input_feed=memory.new_zeros(memory.size(0), self.hidden_size),
+                          memory=memory, src_mask=padding_mask(src_len, memory.size(1)))
         if len(final) > 1:
             self.state["cell"] = final[1]
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)`` to every state tensor."""
-        self.state = {k: fn(v, self.STATE_DIMS[k]) for k, v in self.state.items()}
+        self.state = map_state(self.state, fn, self.STATE_DIMS, self.SOURCE_KEYS)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Runs ``tgt`` (B, T) from the current state; returns outputs (B, T, H), attention (B, T, S)."""

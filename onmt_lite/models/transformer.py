@@ -1,14 +1,13 @@
 """Pre-norm Transformer encoder and incremental decoder (OpenNMT-py layout)."""
 import math
-from typing import Callable, Dict, Tuple
+from typing import Dict, Tuple
 
 import torch
 from torch import nn
 
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.rnn import padding_mask
-
-StateFn = Callable[[torch.Tensor, int], torch.Tensor]
+from onmt_lite.models.state import StateFn, map_state, new_state
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -134,11 +133,14 @@ class TransformerDecoder(nn.Module):
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.state: Dict[str, torch.Tensor] = {}
         self.position = 0
+        self.source_keys = ["src_mask"] + [f"memory_{kv}.{i}" for i in range(layers)
+                                           for kv in ("keys", "values")]
 
     def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final=None) -> None:
         """Projects the memory keys/values once per sentence; empties the self-attention cache."""
         self.position = 0
-        self.state = {"src_mask": padding_mask(src_len, memory.size(1)).unsqueeze(1)}
+        self.state = new_state(memory.size(0), memory.device)
+        self.state["src_mask"] = padding_mask(src_len, memory.size(1)).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             keys, values = layer.context_attn.project_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
@@ -149,7 +151,7 @@ class TransformerDecoder(nn.Module):
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)`` to every state tensor (all batch-first)."""
-        self.state = {k: fn(v, 0) for k, v in self.state.items()}
+        self.state = map_state(self.state, fn, {}, self.source_keys)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
