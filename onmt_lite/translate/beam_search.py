@@ -28,10 +28,10 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
     scorer = scorer or GNMTGlobalScorer()
     stepwise = stepwise_penalty and scorer.has_cov_pen
     k, batch, dec, device = beam_size, src.size(0), model.decoder, src.device
-    # a. Encode once; repeat every state row k times (rows are sentence-major: b * k + j).
+    # a. Encode once. The first step extends hypothesis 0 only, so it runs on one row per
+    # sentence; then every state row is repeated k times (rows are sentence-major: b * k + j).
     memory, final = model.encode(src, src_len)
     dec.init_state(src_len, memory, final)
-    dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
     live = list(range(batch))  # original sentence of each block of k rows
     scores = torch.full((batch, k), float("-inf"), device=device)  # running log-probs
     scores[:, 0] = 0.0  # the first step extends hypothesis 0 only
@@ -52,7 +52,12 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
     for step in range(1, max_length + 1):  # step = prefix length, <s> included
         n = len(live)
         # b. One decoder step for all live hypotheses.
-        out, attn = dec.step(seqs[:, -1])
+        if step == 1:
+            out, attn = dec.step(seqs[::k, -1])
+            dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
+            out, attn = out.repeat_interleave(k, dim=0), attn.repeat_interleave(k, dim=0)
+        else:
+            out, attn = dec.step(seqs[:, -1])
         log_probs = model.log_probs(out)  # (n * k, V)
         attn = attn.float()
         vocab = log_probs.size(1)
