@@ -216,3 +216,19 @@ def test_batch_type_tokens_and_threads(tiny_model, tmp_path):
     assert _run(["-model", tiny_model, "-src", src, "-output", b, "-max_length_ratio", 0,
                  "-batch_type", "tokens", "-batch_size", 6, "-threads", 1]) == 0
     assert a.read_text() == b.read_text()
+
+
+def test_int8_translates_and_precision_needs_a_gpu(tiny_model, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat runs\nsmall bird\nbig dog sits red\n\nblue cat\n")
+    fp32, int8 = tmp_path / "fp32.txt", tmp_path / "int8.txt"
+    assert _run(["-model", tiny_model, "-src", src, "-output", fp32]) == 0
+    assert _run(["-model", tiny_model, "-src", src, "-output", int8, "-int8"]) == 0
+    # quantisation moves scores a little; on this easy task the words stay the same
+    assert int8.read_text() == fp32.read_text()
+    from onmt_lite.translate import build_translator
+    quantised = build_translator({"model": tiny_model, "int8": True}).model
+    assert any("quantized" in type(m).__module__ for m in quantised.modules())
+    capsys.readouterr()
+    assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "fp16"]) == 1
+    assert "-precision fp16 needs a GPU" in capsys.readouterr().err

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("Device")
     add(g, "gpu", type=int, default=-1, help="GPU id (-1: CPU)")
     add(g, "threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
+    add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+        help="GPU: compute in this floating-point precision")
     return parser
 
 

@@ -1,4 +1,5 @@
 """NMTModel (encoder + decoder + generator) and build_model(opt)."""
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -84,3 +85,23 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
     if o["share_decoder_embeddings"]:
         generator.weight = decoder.embeddings.weight
     return NMTModel(encoder, decoder, generator)
+
+
+def for_inference(model: NMTModel, device: str, int8: bool = False,
+                  precision: str = "fp32") -> NMTModel:
+    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU) or in half
+    precision (GPU); searches still keep their scores in fp32."""
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    if precision not in dtypes:
+        raise ValueError(f"-precision must be one of {', '.join(dtypes)}")
+    on_gpu = device.startswith("cuda")
+    if precision != "fp32" and not on_gpu:
+        raise ValueError(f"-precision {precision} needs a GPU (-gpu N)")
+    if int8 and on_gpu:
+        raise ValueError("-int8 is for CPU decoding (drop -gpu)")
+    model = model.to(device=device, dtype=dtypes[precision]).eval()
+    if int8:
+        with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return model

@@ -9,6 +9,7 @@ from tqdm import tqdm
 from onmt_lite.checkpoint import load_model
 from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
+from onmt_lite.models.model import for_inference
 from onmt_lite.translate.beam import Beam
 from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
@@ -290,11 +291,14 @@ def _get(opt, name, default=None):
 def build_translator(opt) -> Translator:
     """Loads ``opt.model`` (native or OpenNMT-py 3.x) and returns a Translator.
 
-    ``opt`` is a dict or a namespace with ``model``, ``gpu`` and any DecodingOptions field.
+    ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision`` and any
+    DecodingOptions field.
     """
     gpu = _get(opt, "gpu", -1)
     device = f"cuda:{gpu}" if gpu is not None and gpu >= 0 else "cpu"
     model, ckpt = load_model(_get(opt, "model"), device)
+    model = for_inference(model, device, bool(_get(opt, "int8", False)),
+                          _get(opt, "precision", "fp32") or "fp32")
     fields = DecodingOptions.__dataclass_fields__
     options = DecodingOptions(**{name: _get(opt, name) for name in fields
                                  if _get(opt, name) is not None})
