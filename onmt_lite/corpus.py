@@ -1,36 +1,39 @@
 """Reading text files: UTF-8, one sentence per line, whitespace tokens."""
 import sys
-from typing import List, Optional, Union
+from typing import Iterable, Iterator, List, Optional, Union
 
 
 class InputError(ValueError):
     """Bad input: the message names the file, the line and the problem."""
 
 
-def read_lines(path: str) -> List[str]:
-    """Reads a UTF-8 text file (``-`` = standard input) into lines without their newlines.
+def iter_lines(path: str) -> Iterator[str]:
+    """Yields the lines of a UTF-8 text file (``-`` = standard input) without their newlines,
+    reading as it goes.
 
     Raises:
         InputError: the file is missing, unreadable or not valid UTF-8 (naming the line).
     """
     try:
-        if path == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
+        f = sys.stdin.buffer if path == "-" else open(path, "rb")
     except OSError as err:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as err:
-            raise InputError(f"{path}:{number}: invalid UTF-8 at byte {err.start}") from None
-    return lines
+    try:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path}:{number}: invalid UTF-8 at byte {err.start}") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
+def read_lines(path: str) -> List[str]:
+    """All lines of a UTF-8 text file (see iter_lines)."""
+    return list(iter_lines(path))
 
 
 def tokenize(line: str) -> List[str]:
@@ -46,6 +49,6 @@ def read_parallel(src_path: str, tgt_path: Optional[str]) -> tuple:
     return src, tgt
 
 
-def lines_of(source: Union[str, List[str]]) -> List[str]:
-    """A path or ``-`` is read; a list of lines is used as it is."""
-    return read_lines(source) if isinstance(source, str) else list(source)
+def lines_of(source: Union[str, Iterable[str]]) -> Iterator[str]:
+    """A path or ``-`` is read as it goes; a list (or any iterable) of lines is used as it is."""
+    return iter_lines(source) if isinstance(source, str) else iter(source)

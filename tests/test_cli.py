@@ -232,3 +232,31 @@ def test_int8_translates_and_precision_needs_a_gpu(tiny_model, tmp_path, capsys)
     capsys.readouterr()
     assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "fp16"]) == 1
     assert "-precision fp16 needs a GPU" in capsys.readouterr().err
+
+
+def test_input_is_streamed_in_shards(tiny_model, tmp_path, capsys):
+    from onmt_lite.translate import build_translator
+    words = ["red cat runs", "small bird", "big dog sits red", "", "blue cat", "red dog"]
+    lines = [words[i % len(words)] for i in range(20)]
+    translator = build_translator({"model": tiny_model, "max_length_ratio": 0})
+    whole = [t.preds for t in translator.translate(lines, shard_size=0)]
+    consumed = []
+
+    def source():
+        for line in lines:
+            consumed.append(line)
+            yield line
+
+    stream = translator.translate_iter(source(), batch_size=2, shard_size=4)
+    first = next(stream)
+    assert first.index == 0 and len(consumed) == 4  # one shard read, not the whole input
+    assert [first.preds] + [t.preds for t in stream] == whole
+    # target line counts are checked across shards, whichever file is longer
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("".join(line + "\n" for line in lines))
+    for n_tgt in (19, 21, 8):
+        tgt.write_text("x\n" * n_tgt)
+        assert _run(["-model", tiny_model, "-src", src, "-tgt", tgt, "-output", tmp_path / "o",
+                     "-shard_size", 4]) == 1
+        assert f"tgt.txt: has {n_tgt} lines but the source has 20" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -95,5 +95,5 @@ def test_read_parallel_line_count_mismatch_names_both_files_and_counts(tmp_path)
 
 
 def test_lines_of_accepts_a_list_or_a_path(tmp_path):
-    assert lines_of(["a", "b"]) == ["a", "b"]
-    assert lines_of(write(tmp_path / "x.txt", b"a\n")) == ["a"]
+    assert list(lines_of(["a", "b"])) == ["a", "b"]
+    assert list(lines_of(write(tmp_path / "x.txt", b"a\n"))) == ["a"]

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "batch_size", type=int, default=30, help="sentences (or tokens) per batch")
     add(g, "batch_type", default="sents", choices=["sents", "tokens"],
         help="what -batch_size counts: sentences, or padded source tokens")
+    add(g, "shard_size", type=int, default=10000,
+        help="lines read, sorted and batched at a time (0: the whole input)")
     add(g, "src_seq_length_trunc", type=int, default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
     g = parser.add_argument_group("Beam search")
@@ -127,7 +129,8 @@ def run(args) -> None:
     dump_file = AtomicOutput(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
     with AtomicOutput(args.output) as out, dump_file as dump:
         for trans in translator.translate_iter(args.src, args.tgt, args.batch_size,
-                                               not args.verbose, args.batch_type):
+                                               not args.verbose, args.batch_type,
+                                               args.shard_size):
             out.write("".join(line + "\n" for line in trans.output_lines(args.with_score)))
             count += 1
             pred_total += trans.scores[0]

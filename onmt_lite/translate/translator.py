@@ -1,4 +1,5 @@
 """Translator and build_translator: encode once, tile by beam_size, step, map_state."""
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
@@ -91,48 +92,51 @@ class Translator:
     # -- public API -----------------------------------------------------------------------
     def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
                   batch_size: int = 30, attn_debug: bool = False, progress: bool = False,
-                  batch_type: str = "sents") -> List[Translation]:
+                  batch_type: str = "sents", shard_size: int = 10000) -> List[Translation]:
         """Translates a file path or a list of lines; results come back in input order.
 
         ``batch_size`` counts sentences, or with ``batch_type="tokens"`` padded source tokens.
         """
-        return list(self.translate_iter(src, tgt, batch_size, progress, batch_type))
+        return list(self.translate_iter(src, tgt, batch_size, progress, batch_type, shard_size))
 
     def translate_iter(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
-                       batch_type: str = "sents") -> Iterator[Translation]:
+                       batch_type: str = "sents", shard_size: int = 10000) -> Iterator[Translation]:
         """Like translate, yielding each Translation in input order as soon as it is ready."""
         results, next_out = {}, 0
         for batch in self.translate_batches(src, tgt, batch_size, progress=progress,
-                                            batch_type=batch_type):
+                                            batch_type=batch_type, shard_size=shard_size):
             results.update((t.index, t) for t in batch)
             while next_out in results:
                 yield results.pop(next_out)
                 next_out += 1
 
     def translate_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
-                          only: Optional[set] = None,
-                          batch_type: str = "sents") -> Iterator[List[Translation]]:
-        """Translations batch by batch, in decoding order (lines sorted by length).
+                          only: Optional[set] = None, batch_type: str = "sents",
+                          shard_size: int = 10000) -> Iterator[List[Translation]]:
+        """Translations batch by batch, in decoding order.
+
+        Input is read as it goes, ``shard_size`` lines at a time (0: all at once); each shard's
+        lines are sorted by length and cut into batches, so memory stays bounded on any input.
 
         Args:
             only: numbers of the batches to decode (default all): a subset decodes exactly as
-                it would within the whole file.
+                it would within the whole input.
         """
-        src_lines = lines_of(src)
-        tgt_lines = lines_of(tgt) if tgt is not None else None
-        if tgt_lines is not None and len(tgt_lines) != len(src_lines):
-            name = tgt if isinstance(tgt, str) else "-tgt"
-            raise InputError(f"{name}: has {len(tgt_lines)} lines but the source has "
-                             f"{len(src_lines)}")
-        src_tokens = [self._source_tokens(line, i) for i, line in enumerate(src_lines, 1)]
-        tgt_tokens = [line.split() for line in tgt_lines] if tgt_lines is not None else None
         if batch_type not in ("sents", "tokens"):
             raise ValueError("-batch_type must be sents or tokens")
-        batches = list(self._batches(src_tokens, tgt_tokens, batch_size, batch_type))
-        for number, indices in enumerate(tqdm(batches, disable=not progress or len(batches) < 2,
-                                              desc="translate", unit="batch", leave=False)):
-            if only is None or number in only:
-                yield self._translate_batch(indices, src_tokens, tgt_tokens)
+        if shard_size < 0:
+            raise ValueError("-shard_size must be 0 (no shards) or more")
+        number = 0
+        with tqdm(disable=not progress, desc="translate", unit="sent", leave=False) as bar:
+            for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
+                src_tokens = [self._source_tokens(line, offset + i)
+                              for i, line in enumerate(src_lines, 1)]
+                tgt_tokens = [line.split() for line in tgt_lines] if tgt is not None else None
+                for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
+                    if only is None or number in only:
+                        yield self._translate_batch(indices, src_tokens, tgt_tokens, offset)
+                    number += 1
+                    bar.update(len(indices))
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
@@ -168,15 +172,17 @@ class Translator:
 
     # -- one batch ------------------------------------------------------------------------
     @torch.inference_mode()
-    def _translate_batch(self, indices: List[int], src_tokens, tgt_tokens) -> List[Translation]:
-        results = [Translation(i, src_tokens[i], self.src_vocab.decode(
+    def _translate_batch(self, indices: List[int], src_tokens, tgt_tokens,
+                         offset: int = 0) -> List[Translation]:
+        """Translates lines ``indices`` of a shard that starts at input line ``offset``."""
+        results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
         if not src_tokens[indices[0]]:  # the batch of empty lines: empty translations
-            for t in results:
+            for t, i in zip(results, indices):
                 t.preds, t.scores, t.attns = [[]] * self.opt.n_best, [0.0] * self.opt.n_best, \
                     [torch.zeros(0, 0)] * self.opt.n_best
                 if tgt_tokens is not None:
-                    t.gold, t.gold_score = tgt_tokens[t.index], 0.0
+                    t.gold, t.gold_score = tgt_tokens[i], 0.0
             return results
         ids = [self.src_vocab.encode(src_tokens[i]) for i in indices]
         src_len = torch.tensor([len(x) for x in ids], device=self.device)
@@ -189,8 +195,8 @@ class Translator:
             max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
         if tgt_tokens is not None:
             gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
-            for t, score in zip(results, gold):
-                t.gold, t.gold_score = tgt_tokens[t.index], score
+            for t, i, score in zip(results, indices, gold):
+                t.gold, t.gold_score = tgt_tokens[i], score
         if self.opt.beam_size == 1:
             hyps = [[h] for h in greedy_search(
                 self.model, src, src_len, bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
@@ -282,6 +288,30 @@ class Translator:
                 if tok == UNK and hyp.attn.size(1) > 0:
                     tokens[i] = src[int(hyp.attn[i].argmax())]
         return tokens
+
+
+def _shards(src, tgt, shard_size: int):
+    """Yields (offset, source lines, target lines or None) of up to ``shard_size`` lines."""
+    src_iter = lines_of(src)
+    tgt_iter = lines_of(tgt) if tgt is not None else None
+    offset = 0
+    while True:
+        src_lines = list(itertools.islice(src_iter, shard_size or None))
+        tgt_lines = None
+        if tgt_iter is not None:
+            tgt_lines = list(itertools.islice(tgt_iter, len(src_lines)))
+            short = len(tgt_lines) < len(src_lines)
+            src_ended = not shard_size or len(src_lines) < shard_size
+            long = src_ended and not short and next(tgt_iter, None) is not None
+            if short or long:
+                n_src = offset + len(src_lines) + sum(1 for _ in src_iter)
+                n_tgt = offset + len(tgt_lines) + long + sum(1 for _ in tgt_iter)
+                name = tgt if isinstance(tgt, str) else "-tgt"
+                raise InputError(f"{name}: has {n_tgt} lines but the source has {n_src}")
+        if not src_lines:
+            return
+        yield offset, src_lines, tgt_lines
+        offset += len(src_lines)
 
 
 def _get(opt, name, default=None):
