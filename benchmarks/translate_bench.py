@@ -2,6 +2,8 @@
 CTranslate2 on the same checkpoint, side by side in one run.
 
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF [-peers VENV] [-json F]
+    python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -growth
+    python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -memory_lines 100000
 
 Every configuration runs ``-warmup`` times unmeasured, then ``-runs`` times, each in its own
 process. Reported per configuration (median, min, max over runs): translation time without
@@ -85,6 +87,71 @@ def child(cmd):
     print(json.dumps({"log": proc.stdout + proc.stderr, "wall": wall, "rss": rss}))
 
 
+def run_once(cmd):
+    """One translate.py run in a helper process: (translation seconds, peak RSS MiB)."""
+    proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    child_result = json.loads(proc.stdout.strip().splitlines()[-1])
+    match = re.search(r"Total translation time \(s\): ([\d.]+)", child_result["log"])
+    return float(match.group(1)), child_result["rss"]
+
+
+def growth(args, work):
+    """Target tokens/s for outputs forced to ~10, ~50 and ~200 tokens (-min_length =
+    -max_length): per-token cost should not grow with the output length."""
+    with open(args.src, encoding="utf-8") as f:
+        lines = f.read().split("\n")[:-1][:args.growth_lines]
+    src = os.path.join(work, "growth.src")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    rows = []
+    for length in (10, 50, 200):
+        out = os.path.join(work, f"growth.{length}.txt")
+        cmd = [os.path.join(ROOT, "translate.py"), "-model", args.model, "-src", src, "-output",
+               out, "-beam_size", str(args.beam_size), "-batch_size", str(args.batch_size),
+               "-threads", str(args.threads), "-min_length", str(length), "-max_length",
+               str(length), "-max_length_ratio", "0", "-report_time", *shlex.split(args.extra)]
+        cmd = [sys.executable] + cmd
+        times = [run_once(cmd)[0] for _ in range(args.warmup + args.runs)][args.warmup:]
+        with open(out, encoding="utf-8") as f:
+            tokens = sum(len(line.split()) for line in f)
+        median = statistics.median(times)
+        rows.append({"output_tokens": round(tokens / len(lines), 1), "translate_s": median,
+                     "tokens_per_s": tokens / median})
+    print(f"{'tokens/sentence':>16} {'translate s':>12} {'tok/s':>9} {'vs ~10':>7}")
+    for row in rows:
+        row["vs_shortest"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        print(f"{row['output_tokens']:16.1f} {row['translate_s']:12.2f} "
+              f"{row['tokens_per_s']:9.1f} {row['vs_shortest']:7.2f}")
+    return rows
+
+
+def memory(args, work):
+    """Peak RSS translating ``-memory_base`` lines and ``-memory_lines`` lines (the source
+    repeated): streamed input keeps it flat."""
+    with open(args.src, encoding="utf-8") as f:
+        lines = f.read().split("\n")[:-1]
+    rows = []
+    for n in (args.memory_base, args.memory_lines):
+        src = os.path.join(work, f"memory.{n}.src")
+        with open(src, "w", encoding="utf-8") as f:
+            for i in range(n):
+                f.write(lines[i % len(lines)] + "\n")
+        out = os.path.join(work, f"memory.{n}.txt")
+        cmd = [sys.executable, os.path.join(ROOT, "translate.py"), "-model", args.model,
+               "-src", src, "-output", out, "-beam_size", str(args.beam_size), "-batch_size",
+               str(args.batch_size), "-threads", str(args.threads), "-report_time",
+               *shlex.split(args.extra)]
+        seconds, rss = run_once(cmd)
+        with open(out, encoding="utf-8") as f:
+            assert sum(1 for _ in f) == n
+        rows.append({"lines": n, "translate_s": seconds, "peak_rss_mib": rss})
+        print(f"{n:>8} lines: {seconds:8.1f} s, peak RSS {rss:6.0f} MiB")
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("-model", required=True)
@@ -100,8 +167,20 @@ def main(argv=None):
     p.add_argument("-peers", help="virtualenv with OpenNMT-py 3.5.1 and CTranslate2")
     p.add_argument("-ct2_threads", type=int, default=1)
     p.add_argument("-json", help="also write the results here")
+    p.add_argument("-growth", action="store_true",
+                   help="instead: tokens/s for outputs of ~10, ~50 and ~200 tokens")
+    p.add_argument("-growth_lines", type=int, default=100, help="source lines for -growth")
+    p.add_argument("-memory_lines", type=int, default=0,
+                   help="instead: peak RSS on -memory_base lines and on this many")
+    p.add_argument("-memory_base", type=int, default=1000)
     args = p.parse_args(argv)
     work = tempfile.mkdtemp(prefix="bench-")
+    if args.growth or args.memory_lines:
+        results = growth(args, work) if args.growth else memory(args, work)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=1)
+        return
     common = ["-model", args.model, "-src", args.src, "-beam_size", str(args.beam_size),
               "-batch_size", str(args.batch_size)]
     results = []

@@ -28,3 +28,28 @@ def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
     for r in results:
         assert r["translate_s"]["median"] > 0 and r["peak_rss_mib"]["median"] > 0
         assert r["sents_per_s"] > 0 and 0 <= r["bleu"] <= 100
+
+
+def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
+    ckpt = str(tmp_path / "m.pt")
+    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
+    (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
+    script = os.path.join(ROOT, "benchmarks", "translate_bench.py")
+    common = [sys.executable, script, "-model", ckpt, "-src", str(tmp_path / "src"), "-ref",
+              str(tmp_path / "ref"), "-runs", "1", "-warmup", "0", "-threads", "1",
+              "-beam_size", "2"]
+    out = tmp_path / "growth.json"
+    proc = subprocess.run(common + ["-growth", "-json", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
+    assert [r["output_tokens"] for r in rows] == [10.0, 50.0, 200.0]  # forced lengths
+    assert all(r["tokens_per_s"] > 0 for r in rows) and rows[0]["vs_shortest"] == 1.0
+    out = tmp_path / "memory.json"
+    proc = subprocess.run(common + ["-memory_base", "3", "-memory_lines", "30", "-json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
+    assert [r["lines"] for r in rows] == [3, 30] and all(r["peak_rss_mib"] > 0 for r in rows)
