@@ -8,8 +8,8 @@ import pytest
 import torch
 
 # The batch dimension of each state entry, written out: RNN hidden/cell are (layers, B, H).
-RNN_BATCH_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "src_mask": 0,
-                  "sentence": 0}
+RNN_BATCH_DIMS = {"hidden": 1, "cell": 1, "input_feed": 0, "memory": 0, "memory_proj": 0,
+                  "src_mask": 0, "sentence": 0}
 ATOL = 1e-5
 
 
@@ -45,7 +45,7 @@ def test_state_entries_have_the_stated_batch_dim(model_case, padded_batch):
     else:
         lstm = "LSTM" in name
         assert keys == {"hidden", "input_feed", "memory", "src_mask", "sentence"} | (
-            {"cell"} if lstm else set())
+            {"cell"} if lstm else set()) | ({"memory_proj"} if name.endswith("mlp") else set())
     by_id = {id(v): k for k, v in model.decoder.state.items()}
     seen = {}
 

@@ -24,26 +24,33 @@ class GlobalAttention(nn.Module):
             self.v = nn.Linear(dim, 1, bias=False)
         self.linear_out = nn.Linear(dim * 2, dim, bias=attn_type == "mlp")
 
-    def score(self, query: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+    def project_memory(self, memory: torch.Tensor) -> Optional[torch.Tensor]:
+        """The memory's share of ``mlp`` scores, computed once per sentence (None otherwise)."""
+        return self.linear_context(memory) if self.attn_type == "mlp" else None
+
+    def score(self, query: torch.Tensor, memory: torch.Tensor,
+              memory_proj: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, T, H) x (B, S, H) -> (B, T, S)."""
         if self.attn_type == "mlp":
             wq = self.linear_query(query).unsqueeze(2)  # (B, T, 1, H)
-            uh = self.linear_context(memory).unsqueeze(1)  # (B, 1, S, H)
-            return self.v(torch.tanh(wq + uh)).squeeze(-1)
+            if memory_proj is None:
+                memory_proj = self.linear_context(memory)
+            return self.v(torch.tanh(wq + memory_proj.unsqueeze(1))).squeeze(-1)
         if self.attn_type == "general":
             query = self.linear_in(query)
         return torch.bmm(query, memory.transpose(1, 2))
 
-    def forward(self, query: torch.Tensor, memory: torch.Tensor,
-                src_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, query: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                memory_proj: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Attends ``query`` (B, T, H) over ``memory`` (B, S, H).
 
         Args:
             src_mask: (B, 1, S), True at padded positions.
+            memory_proj: project_memory(memory), if already computed.
         Returns:
             output (B, T, H) and attention weights (B, T, S).
         """
-        align = self.score(query, memory).masked_fill(src_mask, float("-inf"))
+        align = self.score(query, memory, memory_proj).masked_fill(src_mask, float("-inf"))
         weights = torch.softmax(align, dim=-1)
         context = torch.bmm(weights, memory)
         output = self.linear_out(torch.cat([context, query], dim=-1))

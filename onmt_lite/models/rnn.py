@@ -86,7 +86,7 @@ class InputFeedRNNDecoder(nn.Module):
         self.state: Dict[str, torch.Tensor] = {}
 
     STATE_DIMS = {"hidden": 1, "cell": 1}  # the others are batch-first
-    SOURCE_KEYS = ("memory", "src_mask")
+    SOURCE_KEYS = ("memory", "memory_proj", "src_mask")
 
     def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final: Tuple) -> None:
         """Starts decoding from the encoder's final state, with a zero input feed."""
@@ -94,6 +94,9 @@ class InputFeedRNNDecoder(nn.Module):
         self.state.update(hidden=final[0],
                           input_feed=memory.new_zeros(memory.size(0), self.hidden_size),
                           memory=memory, src_mask=padding_mask(src_len, memory.size(1)))
+        memory_proj = self.attn.project_memory(memory)
+        if memory_proj is not None:
+            self.state["memory_proj"] = memory_proj
         if len(final) > 1:
             self.state["cell"] = final[1]
 
@@ -118,7 +121,8 @@ class InputFeedRNNDecoder(nn.Module):
         s = self.state
         rnn_in = torch.cat([emb, s["input_feed"]], dim=1)
         rnn_out, hidden, cell = self.rnn(rnn_in, s["hidden"], s.get("cell"))
-        out, attn = self.attn(rnn_out.unsqueeze(1), s["memory"], s["src_mask"])
+        out, attn = self.attn(rnn_out.unsqueeze(1), s["memory"], s["src_mask"],
+                              s.get("memory_proj"))
         out = self.dropout(out.squeeze(1))
         s["hidden"], s["input_feed"] = hidden, out
         if cell is not None:
