@@ -3,6 +3,7 @@ import pytest
 import torch
 from conftest import TINY_MODELS, make_model
 
+from onmt_lite.translate.beam_search import top_candidates
 from onmt_lite.translate.translator import DecodingOptions, Translator
 from onmt_lite.vocab import Vocab
 
@@ -40,3 +41,29 @@ def test_engines_agree(model_name, options):
         assert ours.scores == pytest.approx(theirs.scores, abs=1e-5)
         for a, b in zip(ours.attns, theirs.attns):
             assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("n, k, vocab", [(3, 5, 40), (2, 4, 24), (4, 3, 11), (1, 2, 16)])
+def test_top_candidates_are_the_flat_topk(n, k, vocab):
+    gen = torch.Generator().manual_seed(n * 100 + vocab)
+    for trial in range(30):
+        curr = torch.randn(n, k, vocab, generator=gen)
+        if trial % 3 == 1:  # rows of finished hypotheses and equal values
+            curr[:, 1:] = -65504.0
+        if trial % 3 == 2:
+            curr = curr.round()
+        values, ids = top_candidates(curr, k)
+        expected = curr.view(n, k * vocab).topk(k, dim=1).values
+        assert torch.equal(values, expected)
+        assert torch.equal(curr.view(n, k * vocab).gather(1, ids), values)
+        assert all(len(set(row)) == k for row in ids.tolist())  # k distinct candidates
+
+
+def test_top_candidates_hand_case():
+    # 2 rows x 16 tokens in groups of 2 (tokens v and v + 8): the best three of all 32 are
+    # row 1 token 3 (0.9), row 0 token 12 (0.8) and row 1 token 11 (0.7).
+    curr = torch.zeros(1, 2, 16)
+    curr[0, 1, 3], curr[0, 0, 12], curr[0, 1, 11], curr[0, 0, 4] = 0.9, 0.8, 0.7, 0.6
+    values, ids = top_candidates(curr, 3, group=2)
+    assert values[0].tolist() == pytest.approx([0.9, 0.8, 0.7])
+    assert ids.tolist() == [[16 + 3, 12, 16 + 11]]

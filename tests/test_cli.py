@@ -208,13 +208,18 @@ def test_shipped_model_on_demo_sentences(tmp_path):
     assert lines[3].startswith("ein schwarzer hund")
 
 
-def test_batch_type_tokens_and_threads(tiny_model, tmp_path):
+def test_batch_type_tokens_threads_and_inter_threads(tiny_model, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("red cat runs\nsmall bird\nbig dog sits red\nblue cat\n")
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     assert _run(["-model", tiny_model, "-src", src, "-output", a, "-max_length_ratio", 0]) == 0
     assert _run(["-model", tiny_model, "-src", src, "-output", b, "-max_length_ratio", 0,
                  "-batch_type", "tokens", "-batch_size", 6, "-threads", 1]) == 0
+    assert a.read_text() == b.read_text()
+    assert _run(["-model", tiny_model, "-src", src, "-output", b, "-max_length_ratio", 0,
+                 "-batch_size", 1, "-inter_threads", 2, "-with_score"]) == 0
+    assert _run(["-model", tiny_model, "-src", src, "-output", a, "-max_length_ratio", 0,
+                 "-batch_size", 1, "-with_score"]) == 0
     assert a.read_text() == b.read_text()
 
 

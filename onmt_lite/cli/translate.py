@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "report_time", action="store_true", help="log total time and tokens per second")
     g = parser.add_argument_group("Device")
     add(g, "gpu", type=int, default=-1, help="GPU id (-1: CPU)")
-    add(g, "threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add(g, "threads", type=int, default=0,
+        help="torch intra-op threads (0: torch's default, shared among -inter_threads)")
+    add(g, "inter_threads", type=int, default=1,
+        help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
         help="GPU: compute in this floating-point precision")
@@ -122,6 +125,8 @@ class AtomicOutput:
 def run(args) -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    elif args.inter_threads > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // args.inter_threads))
     translator = build_translator(vars(args))
     start = time.time()
     pred_total = gold_total = 0.0

@@ -1,4 +1,5 @@
 """NMTModel (encoder + decoder + generator) and build_model(opt)."""
+import copy
 import warnings
 from typing import Optional, Tuple
 
@@ -85,6 +86,18 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
     if o["share_decoder_embeddings"]:
         generator.weight = decoder.embeddings.weight
     return NMTModel(encoder, decoder, generator)
+
+
+def replica(model: NMTModel) -> NMTModel:
+    """The same model with its own decoder state (every weight shared), for another thread.
+
+    Decoder modules keep their state in ``decoder.state``; the layers below them hold none.
+    """
+    decoder = copy.copy(model.decoder)
+    decoder.state = {}
+    twin = copy.copy(model)
+    twin._modules = dict(model._modules, decoder=decoder)
+    return twin
 
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,

@@ -66,13 +66,14 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
         # c. Candidate scores: min length, running score, length penalty, n-gram blocking.
         if step <= min_length:
             log_probs[:, eos] = FINISHED_SCORE
-        log_probs += scores.view(-1, 1)
+        curr = log_probs.add_(scores.view(-1, 1))  # in place: no new (rows, V) buffer
         length_penalty = scorer.length_penalty(step + 1)  # +1: the </s> that may follow
-        curr = log_probs / length_penalty if length_penalty != 1 else log_probs
+        if length_penalty != 1:
+            curr.div_(length_penalty)
         if blocker:
             blocker.block(curr)
         # d. The k best of each sentence's k * V candidates; their origins and tokens.
-        top_scores, ids = curr.view(n, k * vocab).topk(k, dim=1)  # (n, k)
+        top_scores, ids = top_candidates(curr.view(n, k, vocab), k)  # (n, k)
         scores = top_scores * length_penalty
         origin = torch.div(ids, vocab, rounding_mode="floor")
         tokens = ids - origin * vocab
@@ -126,3 +127,28 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
                 blocker.keep(rows.tolist())
         dec.map_state(lambda state, dim: state.index_select(dim, select))
     return results
+
+
+def top_candidates(curr: torch.Tensor, k: int, group: int = 8):
+    """The ``k`` largest of each sentence's candidates, as ``topk`` over its k * V gives them.
+
+    A token of the top k lies in one of its row's k best groups (tokens v, v + V/group, ...,
+    ranked by their maximum), so only those k * group tokens per row are ranked in full.
+
+    Args:
+        curr: (n, rows, V) candidate scores.
+    Returns:
+        values (n, k), best first, and indices (n, k) into the flattened rows * V.
+    """
+    n, rows, vocab = curr.shape
+    width = vocab // group
+    if vocab % group or width < k:
+        return curr.reshape(n, rows * vocab).topk(k, dim=1)
+    grouped = curr.view(n * rows, group, width)
+    best_groups = grouped.amax(1).topk(k, dim=1).indices  # (n * rows, k)
+    members = grouped.gather(2, best_groups.unsqueeze(1).expand(-1, group, k))  # (n*rows, group, k)
+    values, picked = members.view(n, rows * group * k).topk(k, dim=1)
+    row = torch.div(picked, group * k, rounding_mode="floor")
+    member = torch.div(picked % (group * k), k, rounding_mode="floor")
+    column = best_groups.view(n, rows * k).gather(1, row * k + picked % k)
+    return values, row * vocab + member * width + column

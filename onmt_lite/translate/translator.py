@@ -1,6 +1,9 @@
 """Translator and build_translator: encode once, tile by beam_size, step, map_state."""
+import copy
 import itertools
 import logging
+import queue
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -10,7 +13,7 @@ from tqdm import tqdm
 from onmt_lite.checkpoint import load_model
 from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.model import for_inference, replica
 from onmt_lite.translate.beam import Beam
 from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
@@ -63,15 +66,22 @@ class Translator:
     Args:
         model: an NMTModel in eval mode; src_vocab / tgt_vocab: its vocabularies.
         options: the DecodingOptions; device: where the model lives.
+        inter_threads: batches decoded at the same time, each by its own thread with its own
+            decoder state (the weights are shared); results do not depend on it.
     """
 
     beam_class = Beam
 
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
-                 device: str = "cpu", model_max_src_len: Optional[int] = None):
+                 device: str = "cpu", model_max_src_len: Optional[int] = None,
+                 inter_threads: int = 1):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
         self.opt = options or DecodingOptions()
         self.opt.validate()
+        if inter_threads < 1:
+            raise ValueError("-inter_threads must be at least 1")
+        self.inter_threads = inter_threads
+        self._replicas: List["Translator"] = []
         self.device = device
         self.model_max_src_len = model_max_src_len
         self.scorer = GNMTGlobalScorer(self.opt.alpha, self.opt.beta, self.opt.length_penalty,
@@ -88,6 +98,8 @@ class Translator:
             topk = self.opt.random_sampling_topk if self.opt.random_sampling_topk > 0 else 0
             self.sampler = Sampler(topk, self.opt.random_sampling_topp,
                                    self.opt.random_sampling_temp, generator)
+            if inter_threads > 1:  # threads would draw from one generator in no fixed order
+                raise ValueError("random sampling needs -inter_threads 1 to be reproducible")
 
     # -- public API -----------------------------------------------------------------------
     def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
@@ -132,11 +144,37 @@ class Translator:
                 src_tokens = [self._source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
                 tgt_tokens = [line.split() for line in tgt_lines] if tgt is not None else None
+                batches = []
                 for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
                     if only is None or number in only:
-                        yield self._translate_batch(indices, src_tokens, tgt_tokens, offset)
+                        batches.append((indices, src_tokens, tgt_tokens, offset))
                     number += 1
-                    bar.update(len(indices))
+                for translations in self._run_batches(batches):
+                    yield translations
+                    bar.update(len(translations))
+
+    def _run_batches(self, batches: list) -> Iterator[List[Translation]]:
+        """_translate_batch on each argument tuple, in order, on ``inter_threads`` threads."""
+        if self.inter_threads == 1:
+            yield from (self._translate_batch(*args) for args in batches)
+            return
+        if not self._replicas:  # the same translator, each with its own decoder state
+            self._replicas = [self] + [copy.copy(self) for _ in range(self.inter_threads - 1)]
+            for worker in self._replicas[1:]:
+                worker.model = replica(self.model)
+        idle = queue.SimpleQueue()
+        for worker in self._replicas:
+            idle.put(worker)
+
+        def run(args):
+            worker = idle.get()
+            try:
+                return worker._translate_batch(*args)
+            finally:
+                idle.put(worker)
+
+        with ThreadPoolExecutor(self.inter_threads) as pool:
+            yield from pool.map(run, batches)
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
@@ -321,8 +359,8 @@ def _get(opt, name, default=None):
 def build_translator(opt) -> Translator:
     """Loads ``opt.model`` (native or OpenNMT-py 3.x) and returns a Translator.
 
-    ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision`` and any
-    DecodingOptions field.
+    ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision``,
+    ``inter_threads`` and any DecodingOptions field.
     """
     gpu = _get(opt, "gpu", -1)
     device = f"cuda:{gpu}" if gpu is not None and gpu >= 0 else "cpu"
@@ -333,5 +371,6 @@ def build_translator(opt) -> Translator:
     options = DecodingOptions(**{name: _get(opt, name) for name in fields
                                  if _get(opt, name) is not None})
     max_src = None if ckpt.opt.get("model_type") == "rnn" else model.encoder.embeddings.MAX_LEN
-    return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src)
+    return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src,
+                      _get(opt, "inter_threads", 1) or 1)
 

@@ -1,0 +1,47 @@
+"""-inter_threads: batches decoded side by side, each thread with its own decoder state."""
+import pytest
+import torch
+from conftest import SRC_WORDS, TINY_MODELS, make_model
+
+from onmt_lite.models.model import replica
+from onmt_lite.translate import DecodingOptions, Translator
+
+
+@pytest.mark.parametrize("model_name", ["transformer", "brnn-LSTM-general"])
+def test_inter_threads_give_the_same_translations(model_name, src_vocab, tgt_vocab):
+    model = make_model(TINY_MODELS[model_name], src_vocab, tgt_vocab, seed=5)
+    gen = torch.Generator().manual_seed(11)
+    lines = [" ".join(SRC_WORDS[int(i)] for i in torch.randint(0, 6, (int(n),), generator=gen))
+             for n in torch.randint(0, 9, (40,), generator=gen)]
+    results = {}
+    for threads in (1, 3):
+        translator = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3, n_best=2),
+                                inter_threads=threads)
+        results[threads] = translator.translate(lines, tgt=lines, batch_size=4)
+    for one, three in zip(results[1], results[3]):
+        assert (one.index, one.preds, one.scores, one.gold_score) == \
+            (three.index, three.preds, three.scores, three.gold_score)
+
+
+def test_replica_shares_weights_not_decoder_state(src_vocab, tgt_vocab):
+    model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab)
+    twin = replica(model)
+    assert twin.decoder is not model.decoder and twin.encoder is model.encoder
+    assert twin.decoder.layers[0].self_attn.linear_query.weight is \
+        model.decoder.layers[0].self_attn.linear_query.weight
+    src, src_len = torch.tensor([[4, 5, 6], [6, 5, 1]]), torch.tensor([3, 2])
+    with torch.no_grad():
+        model.decoder.init_state(src_len[:1], *model.encode(src[:1], src_len[:1]))
+        twin.decoder.init_state(src_len, *model.encode(src, src_len))
+        model.decoder.step(torch.tensor([2]))
+    assert model.decoder.state["src_mask"].size(0) == 1 and model.decoder.position == 1
+    assert twin.decoder.state["src_mask"].size(0) == 2 and twin.decoder.position == 0
+
+
+def test_sampling_refuses_inter_threads(src_vocab, tgt_vocab):
+    model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab)
+    with pytest.raises(ValueError, match="inter_threads 1"):
+        Translator(model, src_vocab, tgt_vocab,
+                   DecodingOptions(beam_size=1, random_sampling_topk=3, seed=1), inter_threads=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        Translator(model, src_vocab, tgt_vocab, inter_threads=0)
