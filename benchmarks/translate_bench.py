@@ -5,10 +5,13 @@ CTranslate2 on the same checkpoint, side by side in one run.
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -growth
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -memory_lines 100000
 
-Every configuration runs ``-warmup`` times unmeasured, then ``-runs`` times, each in its own
-process. Reported per configuration (median, min, max over runs): translation time without
-interpreter start-up and model load (as each tool reports it), whole-process time, sentences/s
-and target tokens/s (over translation time), peak RSS, and BLEU (sacrebleu, -tok none).
+onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads each (default
+2 x 1), OpenNMT-py on ``-onmt_threads`` torch threads, CTranslate2 with each ``-ct2`` setting
+(INTERxINTRA threads). Every configuration runs ``-warmup`` times unmeasured, then ``-runs``
+times, each in its own process. Reported per configuration (median, min, max over runs):
+translation time without interpreter start-up and model load (as each tool reports it),
+whole-process time, sentences/s and target tokens/s (over translation time), peak RSS, and
+BLEU (sacrebleu, -tok none).
 Peers come from a separate virtualenv (../shared/peers/setup-peers.sh VENV makes one); they are
 never dependencies of onmt_lite.
 """
@@ -29,9 +32,9 @@ import sacrebleu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CT2_SCRIPT = """
 import sys, time, ctranslate2
-model, src, out, beam, batch, compute, threads = sys.argv[1:8]
+model, src, out, beam, batch, compute, inter, intra = sys.argv[1:9]
 translator = ctranslate2.Translator(model, device="cpu", compute_type=compute,
-                                    intra_threads=int(threads))
+                                    inter_threads=int(inter), intra_threads=int(intra))
 lines = [l.split() for l in open(src, encoding="utf-8").read().split("\\n")[:-1]]
 start = time.time()
 results = translator.translate_batch(lines, beam_size=int(beam), max_batch_size=int(batch),
@@ -86,7 +89,7 @@ def measure(name, cmd, output, args, env=None):
     return {"name": name, "translate_s": t, "process_s": stats("process_s"),
             "peak_rss_mib": stats("peak_rss_mib"),
             "sents_per_s": len(hyps) / t["median"], "tokens_per_s": tokens / t["median"],
-            "bleu": round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score, 2)}
+            "bleu": round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", force=True).score, 2)}
 
 
 def child(cmd):
@@ -125,7 +128,8 @@ def growth(args, work):
         out = os.path.join(work, f"growth.{length}.txt")
         cmd = [os.path.join(ROOT, "translate.py"), "-model", args.model, "-src", src, "-output",
                out, "-beam_size", str(args.beam_size), "-batch_size", str(args.batch_size),
-               "-threads", str(args.threads), "-min_length", str(length), "-max_length",
+               "-threads", str(args.threads), "-inter_threads", str(args.inter_threads),
+               "-min_length", str(length), "-max_length",
                str(length), "-max_length_ratio", "0", "-report_time", *shlex.split(args.extra)]
         cmd = [sys.executable] + cmd
         times = [run_once(cmd)[0] for _ in range(args.warmup + args.runs)][args.warmup:]
@@ -156,7 +160,8 @@ def memory(args, work):
         out = os.path.join(work, f"memory.{n}.txt")
         cmd = [sys.executable, os.path.join(ROOT, "translate.py"), "-model", args.model,
                "-src", src, "-output", out, "-beam_size", str(args.beam_size), "-batch_size",
-               str(args.batch_size), "-threads", str(args.threads), "-report_time",
+               str(args.batch_size), "-threads", str(args.threads), "-inter_threads",
+               str(args.inter_threads), "-report_time",
                *shlex.split(args.extra)]
         seconds, rss = run_once(cmd)
         with open(out, encoding="utf-8") as f:
@@ -173,14 +178,18 @@ def main(argv=None):
     p.add_argument("-ref", required=True)
     p.add_argument("-beam_size", type=int, default=5)
     p.add_argument("-batch_size", type=int, default=32)
-    p.add_argument("-threads", type=int, default=2)
+    p.add_argument("-threads", type=int, default=1, help="onmt_lite: intra-op threads")
+    p.add_argument("-inter_threads", type=int, default=2,
+                   help="onmt_lite: batches translated at the same time")
+    p.add_argument("-onmt_threads", type=int, default=2, help="OpenNMT-py: torch threads")
     p.add_argument("-runs", type=int, default=3)
     p.add_argument("-warmup", type=int, default=1)
     p.add_argument("-engines", nargs="+", default=["batch", "sentence", "int8"],
                    choices=["batch", "sentence", "int8"])
     p.add_argument("-extra", default="", help='more translate.py options: -extra="-n_best 2"')
     p.add_argument("-peers", help="virtualenv with OpenNMT-py 3.5.1 and CTranslate2")
-    p.add_argument("-ct2_threads", type=int, default=1)
+    p.add_argument("-ct2", nargs="+", default=["1x1", "2x1"],
+                   help="CTranslate2 settings, each INTERxINTRA threads")
     p.add_argument("-json", help="also write the results here")
     p.add_argument("-growth", action="store_true",
                    help="instead: tokens/s for outputs of ~10, ~50 and ~200 tokens")
@@ -203,11 +212,12 @@ def main(argv=None):
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
         options = ["-int8"] if engine == "int8" else ["-beam_engine", engine]
         cmd = [sys.executable, os.path.join(ROOT, "translate.py"), *common, "-output", out,
-               *options, "-threads", str(args.threads), "-report_time", *shlex.split(args.extra)]
+               *options, "-threads", str(args.threads), "-inter_threads",
+               str(args.inter_threads), "-report_time", *shlex.split(args.extra)]
         results.append(measure(f"onmt_lite {engine}", cmd, out, args))
     if args.peers:
         env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
-                   OMP_NUM_THREADS=str(args.threads))
+                   OMP_NUM_THREADS=str(args.onmt_threads))
         out = os.path.join(work, "opennmt-py.txt")
         cmd = [os.path.join(args.peers, "bin", "onmt_translate"), *common, "-output", out,
                "-gpu", "-1", "-report_time"]
@@ -218,12 +228,13 @@ def main(argv=None):
         if convert.returncode != 0:  # e.g. RNN models, which CTranslate2 does not convert
             reason = convert.stderr.strip().splitlines()[-1]
             print(f"CTranslate2 skipped: {reason}", file=sys.stderr)
-        for compute in ("float32", "int8") if convert.returncode == 0 else ():
-            out = os.path.join(work, f"ct2.{compute}.txt")
+        settings = [(compute, threads) for compute in ("float32", "int8") for threads in args.ct2]
+        for compute, threads in settings if convert.returncode == 0 else ():
+            out = os.path.join(work, f"ct2.{compute}.{threads}.txt")
             cmd = [os.path.join(args.peers, "bin", "python"), "-c", CT2_SCRIPT, ct2_dir,
                    args.src, out, str(args.beam_size), str(args.batch_size), compute,
-                   str(args.ct2_threads)]
-            results.append(measure(f"CTranslate2 {compute}", cmd, out, args, env))
+                   *threads.split("x")]
+            results.append(measure(f"CT2 {compute} {threads}", cmd, out, args, env))
     base = results[0]["translate_s"]["median"]
     print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
           f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8}")
