@@ -3,7 +3,7 @@
 Same semantics, scores and results as one Beam per sentence (see beam.py); only bookkeeping of
 finished hypotheses touches Python lists, and only at steps where some hypothesis ends.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -129,8 +129,10 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
     return results
 
 
-def top_candidates(curr: torch.Tensor, k: int, group: int = 8):
-    """The ``k`` largest of each sentence's candidates, as ``topk`` over its k * V gives them.
+def top_candidates(curr: torch.Tensor, k: int,
+                   group: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of each sentence's candidates: ``topk`` over its rows * V, faster
+    (equal values may come in another order).
 
     A token of the top k lies in one of its row's k best groups (tokens v, v + V/group, ...,
     ranked by their maximum), so only those k * group tokens per row are ranked in full.

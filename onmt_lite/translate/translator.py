@@ -173,8 +173,11 @@ class Translator:
             finally:
                 idle.put(worker)
 
-        with ThreadPoolExecutor(self.inter_threads) as pool:
+        pool = ThreadPoolExecutor(self.inter_threads)
+        try:
             yield from pool.map(run, batches)
+        finally:  # a consumer that stops early does not wait for the batches still queued
+            pool.shutdown(cancel_futures=True)
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
