@@ -198,6 +198,8 @@ def main(argv=None):
                    help="instead: peak RSS on -memory_base lines and on this many")
     p.add_argument("-memory_base", type=int, default=1000)
     args = p.parse_args(argv)
+    if not all(re.fullmatch(r"\d+x\d+", setting) for setting in args.ct2):
+        p.error("-ct2 settings are INTERxINTRA thread counts, e.g. 2x1")
     work = tempfile.mkdtemp(prefix="bench-")
     if args.growth or args.memory_lines:
         results = growth(args, work) if args.growth else memory(args, work)

@@ -45,3 +45,17 @@ def test_sampling_refuses_inter_threads(src_vocab, tgt_vocab):
                    DecodingOptions(beam_size=1, random_sampling_topk=3, seed=1), inter_threads=2)
     with pytest.raises(ValueError, match="at least 1"):
         Translator(model, src_vocab, tgt_vocab, inter_threads=0)
+
+
+def test_a_second_call_while_the_first_is_open(src_vocab, tgt_vocab):
+    # the first call's threads are still decoding queued batches when the second one runs
+    model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2)
+    lines = ["a b c", "d e", "f a b d", "c c", "e f a", "b"] * 4
+    translator = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3),
+                            inter_threads=2)
+    alone = [t.preds for t in translator.translate(lines, batch_size=2)]
+    nested = []
+    for t in translator.translate_iter(lines, batch_size=2):
+        nested.append(t.preds)
+        assert [u.preds for u in translator.translate(lines[:3], batch_size=1)] == alone[:3]
+    assert nested == alone

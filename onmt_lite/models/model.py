@@ -91,7 +91,8 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
 def replica(model: NMTModel) -> NMTModel:
     """The same model with its own decoder state (every weight shared), for another thread.
 
-    Decoder modules keep their state in ``decoder.state``; the layers below them hold none.
+    Decoders keep their state in ``decoder.state`` (and ``decoder.position``); the layers below
+    them hold none.
     """
     decoder = copy.copy(model.decoder)
     decoder.state = {}

@@ -81,7 +81,6 @@ class Translator:
         if inter_threads < 1:
             raise ValueError("-inter_threads must be at least 1")
         self.inter_threads = inter_threads
-        self._replicas: List["Translator"] = []
         self.device = device
         self.model_max_src_len = model_max_src_len
         self.scorer = GNMTGlobalScorer(self.opt.alpha, self.opt.beta, self.opt.length_penalty,
@@ -158,12 +157,10 @@ class Translator:
         if self.inter_threads == 1:
             yield from (self._translate_batch(*args) for args in batches)
             return
-        if not self._replicas:  # the same translator, each with its own decoder state
-            self._replicas = [self] + [copy.copy(self) for _ in range(self.inter_threads - 1)]
-            for worker in self._replicas[1:]:
-                worker.model = replica(self.model)
-        idle = queue.SimpleQueue()
-        for worker in self._replicas:
+        idle = queue.SimpleQueue()  # copies of this translator, each with its own decoder
+        for _ in range(self.inter_threads):
+            worker = copy.copy(self)
+            worker.model = replica(self.model)
             idle.put(worker)
 
         def run(args):
@@ -374,6 +371,7 @@ def build_translator(opt) -> Translator:
     options = DecodingOptions(**{name: _get(opt, name) for name in fields
                                  if _get(opt, name) is not None})
     max_src = None if ckpt.opt.get("model_type") == "rnn" else model.encoder.embeddings.MAX_LEN
+    inter_threads = _get(opt, "inter_threads")
     return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src,
-                      _get(opt, "inter_threads", 1) or 1)
+                      1 if inter_threads is None else inter_threads)
 
