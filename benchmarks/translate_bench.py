@@ -104,6 +104,14 @@ def child(cmd):
     print(json.dumps({"log": proc.stdout + proc.stderr, "wall": wall, "rss": rss}))
 
 
+def onmt_lite_command(args, src: str, out: str, *options: str) -> list:
+    """translate.py on ``src`` with the benchmark's model, beam, batch and thread settings."""
+    return [sys.executable, os.path.join(ROOT, "translate.py"), "-model", args.model, "-src", src,
+            "-output", out, "-beam_size", str(args.beam_size), "-batch_size", str(args.batch_size),
+            "-threads", str(args.threads), "-inter_threads", str(args.inter_threads),
+            "-report_time", *options, *shlex.split(args.extra)]
+
+
 def run_once(cmd):
     """One translate.py run in a helper process: (translation seconds, peak RSS MiB)."""
     proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
@@ -126,12 +134,8 @@ def growth(args, work):
     rows = []
     for length in (10, 50, 200):
         out = os.path.join(work, f"growth.{length}.txt")
-        cmd = [os.path.join(ROOT, "translate.py"), "-model", args.model, "-src", src, "-output",
-               out, "-beam_size", str(args.beam_size), "-batch_size", str(args.batch_size),
-               "-threads", str(args.threads), "-inter_threads", str(args.inter_threads),
-               "-min_length", str(length), "-max_length",
-               str(length), "-max_length_ratio", "0", "-report_time", *shlex.split(args.extra)]
-        cmd = [sys.executable] + cmd
+        cmd = onmt_lite_command(args, src, out, "-min_length", str(length), "-max_length",
+                                str(length), "-max_length_ratio", "0")
         times = [run_once(cmd)[0] for _ in range(args.warmup + args.runs)][args.warmup:]
         with open(out, encoding="utf-8") as f:
             tokens = sum(len(line.split()) for line in f)
@@ -158,12 +162,7 @@ def memory(args, work):
             for i in range(n):
                 f.write(lines[i % len(lines)] + "\n")
         out = os.path.join(work, f"memory.{n}.txt")
-        cmd = [sys.executable, os.path.join(ROOT, "translate.py"), "-model", args.model,
-               "-src", src, "-output", out, "-beam_size", str(args.beam_size), "-batch_size",
-               str(args.batch_size), "-threads", str(args.threads), "-inter_threads",
-               str(args.inter_threads), "-report_time",
-               *shlex.split(args.extra)]
-        seconds, rss = run_once(cmd)
+        seconds, rss = run_once(onmt_lite_command(args, src, out))
         with open(out, encoding="utf-8") as f:
             assert sum(1 for _ in f) == n
         rows.append({"lines": n, "translate_s": seconds, "peak_rss_mib": rss})
@@ -213,9 +212,7 @@ def main(argv=None):
     for engine in args.engines:  # batch | sentence | int8 (the batch engine, -int8)
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
         options = ["-int8"] if engine == "int8" else ["-beam_engine", engine]
-        cmd = [sys.executable, os.path.join(ROOT, "translate.py"), *common, "-output", out,
-               *options, "-threads", str(args.threads), "-inter_threads",
-               str(args.inter_threads), "-report_time", *shlex.split(args.extra)]
+        cmd = onmt_lite_command(args, args.src, out, *options)
         results.append(measure(f"onmt_lite {engine}", cmd, out, args))
     if args.peers:
         env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
