@@ -17,6 +17,16 @@ def expected_batch_dim(name: str, key: str) -> int:
     return 0 if name == "transformer" else RNN_BATCH_DIMS[key]
 
 
+def entries(model) -> dict:
+    """Every state tensor in logical row order, the Transformer's self-attention cache included."""
+    state = dict(model.decoder.state)
+    cache = getattr(model.decoder, "cache", None)
+    if cache is not None:
+        for i in range(cache.buffer.size(0)):
+            state[f"self_keys.{i}"], state[f"self_values.{i}"] = cache.logical(i)
+    return state
+
+
 def start(model, src, src_len):
     memory, final = model.encode(src, src_len)
     model.decoder.init_state(src_len, memory, final)
@@ -41,7 +51,7 @@ def test_state_entries_have_the_stated_batch_dim(model_case, padded_batch):
     steps(model, tgt[:, :2])
     keys = set(model.decoder.state)
     if name == "transformer":
-        assert "src_mask" in keys and "memory_keys.0" in keys and "self_keys.1" in keys
+        assert "src_mask" in keys and "memory_keys.0" in keys and "self_keys.1" in entries(model)
     else:
         lstm = "LSTM" in name
         assert keys == {"hidden", "input_feed", "memory", "src_mask", "sentence"} | (
@@ -50,12 +60,13 @@ def test_state_entries_have_the_stated_batch_dim(model_case, padded_batch):
     seen = {}
 
     def record(tensor, dim):  # rows change sentence: every entry is reordered
-        seen[by_id[id(tensor)]] = dim
+        seen[by_id.get(id(tensor), "cache rows")] = dim
         return tensor.flip(dim)
 
     model.decoder.map_state(record)
-    assert seen == {k: expected_batch_dim(name, k) for k in keys}
-    for key, value in model.decoder.state.items():
+    cache_rows = {"cache rows": 0} if name == "transformer" else {}
+    assert seen == {k: expected_batch_dim(name, k) for k in keys} | cache_rows
+    for key, value in entries(model).items():
         assert value.size(expected_batch_dim(name, key)) == 3, key
 
 
@@ -72,9 +83,9 @@ def test_map_state_index_select_moves_every_entry_and_the_next_step(model_case, 
     # the same two steps, then reorder, then the third step with the reordered tokens
     start(model, src, src_len)
     steps(model, tgt[:, :2])
-    before = {k: v.clone() for k, v in model.decoder.state.items()}
+    before = {k: v.clone() for k, v in entries(model).items()}
     model.decoder.map_state(lambda t, d: t.index_select(d, idx))
-    after = model.decoder.state
+    after = entries(model)
     assert set(after) == set(before)
     for key, value in after.items():
         dim = expected_batch_dim(name, key)
@@ -95,7 +106,7 @@ def test_reorder_within_sentences_keeps_source_entries(model_case, padded_batch)
     start(model, src, src_len)
     model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
     steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
-    before = dict(model.decoder.state)
+    before = entries(model)
     select = torch.tensor([1, 1, 2, 3, 5, 4])  # row 2b + j: each row stays in sentence b
     model.decoder.map_state(lambda t, d: t.index_select(d, select))
     source = [k for k in before if k.startswith("memory") or k == "src_mask"]
@@ -103,7 +114,7 @@ def test_reorder_within_sentences_keeps_source_entries(model_case, padded_batch)
     moved = [k for k in before if k not in source and k != "sentence"]
     for key in moved:
         dim = expected_batch_dim(name, key)
-        assert torch.equal(model.decoder.state[key], before[key].index_select(dim, select)), key
+        assert torch.equal(entries(model)[key], before[key].index_select(dim, select)), key
 
 
 def test_repeat_interleave_tiles_each_row(model_case, padded_batch):

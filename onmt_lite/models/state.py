@@ -15,6 +15,11 @@ def new_state(batch: int, device) -> Dict[str, torch.Tensor]:
     return {"sentence": torch.arange(batch, device=device)}
 
 
+def same_sentences(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether a reorder left every row in its sentence (the usual beam step)."""
+    return before.shape == after.shape and torch.equal(before, after)
+
+
 def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
               source_keys: Iterable[str]) -> Dict[str, torch.Tensor]:
     """``fn(tensor, batch_dim)`` on every entry; source entries only when rows change sentence.
@@ -22,8 +27,7 @@ def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
     ``dims`` gives the batch dimension of entries that are not batch-first.
     """
     sentence = fn(state["sentence"], 0)
-    unchanged = sentence.shape == state["sentence"].shape and torch.equal(sentence,
-                                                                         state["sentence"])
+    unchanged = same_sentences(state["sentence"], sentence)
     source = set(source_keys)
     return {key: value if unchanged and key in source else
             sentence if key == "sentence" else fn(value, dims.get(key, 0))

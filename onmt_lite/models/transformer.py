@@ -7,7 +7,8 @@ from torch import nn
 
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.rnn import padding_mask
-from onmt_lite.models.state import StateFn, map_state, new_state
+from onmt_lite.models.kv_cache import KVCache
+from onmt_lite.models.state import StateFn, map_state, new_state, same_sentences
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -104,22 +105,18 @@ class DecoderLayer(nn.Module):
         self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, past_kv, self_mask, mem_kv, src_mask):
-        """x (B, T, H) attends to the cached ``past_kv`` plus itself, and to ``mem_kv``.
+    def forward(self, x, cache: KVCache, index: int, self_mask, mem_kv, src_mask):
+        """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv``.
 
-        Returns the output (B, T, H), the context attention (B, h, T, S) and the grown
-        self-attention keys/values, each (B, h, T_past + T, d).
+        Writes its keys/values into layer ``index`` of ``cache``; returns the output (B, T, H)
+        and the context attention (B, h, T, S).
         """
         normed = self.layer_norm_1(x)
-        keys, values = self.self_attn.project_kv(normed)
-        # map_state's reorder copies the cache every beam step anyway; appending with cat
-        # measured faster than writing into a preallocated buffer (contiguous attention reads).
-        keys = torch.cat([past_kv[0], keys], dim=2)
-        values = torch.cat([past_kv[1], values], dim=2)
+        keys, values = cache.append(index, *self.self_attn.project_kv(normed))
         self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
         query = self.dropout(self_out) + x
         ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask)
-        return self.feed_forward(self.dropout(ctx) + query), attn, (keys, values)
+        return self.feed_forward(self.dropout(ctx) + query), attn
 
 
 class TransformerDecoder(nn.Module):
@@ -147,12 +144,16 @@ class TransformerDecoder(nn.Module):
             keys, values = layer.context_attn.project_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
             self.state[f"memory_values.{i}"] = values
-            empty = keys.new_zeros(keys.size(0), keys.size(1), 0, keys.size(3))
-            self.state[f"self_keys.{i}"] = empty
-            self.state[f"self_values.{i}"] = empty
+        attn = self.layers[0].self_attn
+        self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
+                             memory.dtype, memory.device)
 
     def map_state(self, fn: StateFn) -> None:
-        """Applies ``fn(tensor, batch_dim)`` to every state tensor (all batch-first)."""
+        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to every state tensor (all
+        batch-first); the self-attention cache follows the same selection (see kv_cache.py)."""
+        sentence = fn(self.state["sentence"], 0)
+        self.cache.reorder(fn(self.cache.slot, 0), sentence,
+                           same_sentences(self.state["sentence"], sentence))
         self.state = map_state(self.state, fn, {}, self.source_keys)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -160,20 +161,21 @@ class TransformerDecoder(nn.Module):
 
         Self-attention is causal over the cached prefix and ``tgt``; the cache grows by T.
         """
-        s, length = self.state, tgt.size(1)
-        x = self.embeddings(tgt, start=self.position)
+        s, cache, length = self.state, self.cache, tgt.size(1)
+        cache.reserve(length)
+        x = self.embeddings(cache.to_buffer(tgt), start=self.position)
         total = self.position + length
         causal = torch.ones(length, total, dtype=torch.bool, device=tgt.device).triu_(
             self.position + 1)  # True above the diagonal = future positions
         self_mask = causal if length > 1 else None
         attn = None
         for i, layer in enumerate(self.layers):
-            past = (s[f"self_keys.{i}"], s[f"self_values.{i}"])
             memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
-            x, attn, (s[f"self_keys.{i}"], s[f"self_values.{i}"]) = layer(
-                x, past, self_mask, memory_kv, s["src_mask"])
+            x, attn = layer(x, cache, i, self_mask, memory_kv, s["src_mask"])
+        cache.advance(length)
         self.position = total
-        return self.layer_norm(x), attn[:, 0]  # head 0 of the last layer, as OpenNMT-py reports
+        # head 0 of the last layer's context attention, as OpenNMT-py reports
+        return cache.from_buffer(self.layer_norm(x)), cache.from_buffer(attn[:, 0])
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""

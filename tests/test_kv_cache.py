@@ -1,0 +1,50 @@
+"""The Transformer's self-attention cache under beam reorders: whatever mix of branching,
+tiling, rows leaving and growth past the buffer's capacity, every row's next step equals
+decoding its own token history from scratch."""
+import random
+
+import pytest
+import torch
+
+from onmt_lite.models.kv_cache import INITIAL_CAPACITY
+from onmt_lite.models.model import replica
+
+ATOL = 1e-5
+
+
+def from_scratch(model, src, src_len, sentence, history):
+    """Outputs and attention of the last position of each row's history, decoded in one call."""
+    memory, final = model.encode(src.index_select(0, sentence), src_len.index_select(0, sentence))
+    model.decoder.init_state(src_len.index_select(0, sentence), memory, final)
+    out, attn = model.decoder(history)
+    return out[:, -1], attn[:, -1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_row_follows_its_own_history(transformer_model, padded_batch, tgt_vocab, seed):
+    model, (src, src_len, tgt) = transformer_model, padded_batch
+    reference = replica(model)  # same weights, a decoder of its own
+    rng, k = random.Random(seed), 3
+    with torch.no_grad():
+        memory, final = model.encode(src, src_len)
+        model.decoder.init_state(src_len, memory, final)
+        history, sentence = tgt[:, :1], torch.arange(src.size(0))
+        model.decoder.step(history[:, -1])
+        model.decoder.map_state(lambda t, d: t.repeat_interleave(k, dim=d))
+        history, sentence = history.repeat_interleave(k, 0), sentence.repeat_interleave(k)
+        blocks = src.size(0)
+        for step in range(INITIAL_CAPACITY + 6):  # grows past the first buffer
+            tokens = torch.tensor([rng.randrange(4, len(tgt_vocab)) for _ in sentence])
+            out, attn = model.decoder.step(tokens)
+            history = torch.cat([history, tokens.view(-1, 1)], 1)
+            ref_out, ref_attn = from_scratch(reference, src, src_len, sentence, history)
+            torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
+            torch.testing.assert_close(attn, ref_attn, atol=ATOL, rtol=0)
+            # a beam step: each row continues a hypothesis of its own sentence, often one
+            # that another row continues too; twice a sentence leaves
+            gone = rng.randrange(blocks) if step in (5, 11) else None
+            index = torch.tensor([b * k + rng.choice([0, 0, 1, 2]) for b in range(blocks)
+                                  if b != gone for _ in range(k)])
+            blocks -= gone is not None
+            model.decoder.map_state(lambda t, d: t.index_select(d, index))
+            history, sentence = history.index_select(0, index), sentence.index_select(0, index)
