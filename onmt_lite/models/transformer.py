@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from onmt_lite.models.attention import MultiHeadedAttention
-from onmt_lite.models.rnn import padding_mask
 from onmt_lite.models.kv_cache import KVCache
+from onmt_lite.models.rnn import padding_mask
 from onmt_lite.models.state import StateFn, map_state, new_state, same_sentences
 
 
