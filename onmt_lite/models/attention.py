@@ -82,20 +82,29 @@ class MultiHeadedAttention(nn.Module):
         return self.split_heads(self.linear_keys(x)), self.split_heads(self.linear_values(x))
 
     def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``query`` (B, T, H) over projected ``keys``/``values`` (B, h, S, d).
+               mask: Optional[torch.Tensor],
+               group: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``query`` (B, T, H) over projected ``keys``/``values`` (B / group, h, S, d).
+
+        Each run of ``group`` consecutive query rows shares one row of keys and values (a
+        sentence's beam hypotheses and its memory): their scores come from one matrix product
+        instead of ``group`` vector products over copies of the memory.
 
         Args:
-            mask: broadcastable to (B, 1, T, S), True where attention is forbidden.
+            mask: broadcastable to (B / group, 1, group * T, S), True where attention is forbidden.
         Returns:
-            output (B, T, H) and weights (B, h, T, S).
+            output (B, T, H) and weights (B / group, h, group * T, S).
         """
         q = self.split_heads(self.linear_query(query)) / math.sqrt(self.dim_per_head)
-        scores = torch.matmul(q, keys.transpose(2, 3)).float()  # (B, h, T, S)
+        batch, heads, length, dim = q.shape
+        if group > 1:
+            q = q.view(-1, group, heads, length, dim).transpose(1, 2).reshape(
+                -1, heads, group * length, dim)
+        scores = torch.matmul(q, keys.transpose(2, 3)).float()
         if mask is not None:
             scores = scores.masked_fill(mask, MASKED_LOGIT)
         weights = torch.softmax(scores, dim=-1).to(q.dtype)
-        context = torch.matmul(self.dropout(weights), values)  # (B, h, T, d)
-        batch, _, length, _ = context.shape
-        context = context.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
+        context = torch.matmul(self.dropout(weights), values)  # (B / group, h, group * T, d)
+        context = context.view(-1, heads, group, length, dim).permute(0, 2, 3, 1, 4).reshape(
+            batch, length, heads * dim)
         return self.final_linear(context), weights

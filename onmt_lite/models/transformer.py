@@ -8,7 +8,7 @@ from torch import nn
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.rnn import padding_mask
-from onmt_lite.models.state import StateFn, map_state, new_state, same_sentences
+from onmt_lite.models.state import StateFn, new_state, same_sentences
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -105,17 +105,19 @@ class DecoderLayer(nn.Module):
         self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, cache: KVCache, index: int, self_mask, mem_kv, src_mask):
-        """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv``.
+    def forward(self, x, cache: KVCache, index: int, self_mask, mem_kv, src_mask, group: int):
+        """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv`` (one row per
+        ``group`` rows of x).
 
         Writes its keys/values into layer ``index`` of ``cache``; returns the output (B, T, H)
-        and the context attention (B, h, T, S).
+        and the context attention (B / group, h, group * T, S).
         """
         normed = self.layer_norm_1(x)
         keys, values = cache.append(index, *self.self_attn.project_kv(normed))
         self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
         query = self.dropout(self_out) + x
-        ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask)
+        ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask,
+                                             group)
         return self.feed_forward(self.dropout(ctx) + query), attn
 
 
@@ -144,17 +146,32 @@ class TransformerDecoder(nn.Module):
             keys, values = layer.context_attn.project_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
             self.state[f"memory_values.{i}"] = values
+        self.group = 1  # decoder rows per row of the source entries
         attn = self.layers[0].self_attn
         self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
                              memory.dtype, memory.device)
 
     def map_state(self, fn: StateFn) -> None:
-        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to every state tensor (all
-        batch-first); the self-attention cache follows the same selection (see kv_cache.py)."""
-        sentence = fn(self.state["sentence"], 0)
-        self.cache.reorder(fn(self.cache.slot, 0), sentence,
-                           same_sentences(self.state["sentence"], sentence))
-        self.state = map_state(self.state, fn, {}, self.source_keys)
+        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state.
+
+        The self-attention cache follows the selection (see kv_cache.py). The source entries
+        (memory keys/values, mask) keep one row per sentence while every sentence has the same
+        number of rows (beam tiling, finished sentences leaving), else one per row.
+        """
+        state = self.state
+        sentence = fn(state["sentence"], 0)
+        within = same_sentences(state["sentence"], sentence)
+        self.cache.reorder(fn(self.cache.slot, 0), sentence, within)
+        if not within:
+            rows = state["sentence"].size(0)
+            source = fn(torch.arange(rows // self.group, device=sentence.device)
+                        .repeat_interleave(self.group), 0)
+            firsts, counts = torch.unique_consecutive(source, return_counts=True)
+            self.group = int(counts[0]) if bool((counts == counts[0]).all()) else 1
+            picked = firsts if self.group > 1 else source
+            self.state = {key: value.index_select(0, picked) if key in self.source_keys
+                          else value for key, value in state.items()}
+        self.state["sentence"] = sentence
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
@@ -171,11 +188,12 @@ class TransformerDecoder(nn.Module):
         attn = None
         for i, layer in enumerate(self.layers):
             memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
-            x, attn = layer(x, cache, i, self_mask, memory_kv, s["src_mask"])
+            x, attn = layer(x, cache, i, self_mask, memory_kv, s["src_mask"], self.group)
         cache.advance(length)
         self.position = total
         # head 0 of the last layer's context attention, as OpenNMT-py reports
-        return cache.from_buffer(self.layer_norm(x)), cache.from_buffer(attn[:, 0])
+        attn = attn[:, 0].reshape(tgt.size(0), length, -1)
+        return cache.from_buffer(self.layer_norm(x)), cache.from_buffer(attn)
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""
