@@ -11,7 +11,8 @@ onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads
 times, each in its own process. Reported per configuration (median, min, max over runs):
 translation time without interpreter start-up and model load (as each tool reports it),
 whole-process time, sentences/s and target tokens/s (over translation time), peak RSS, and
-BLEU (sacrebleu, -tok none).
+BLEU (sacrebleu, -tok none). -growth forces output lengths of 10, 50 and 200 tokens and
+reports tokens/s for each (CTranslate2 too, given -peers).
 Peers come from a separate virtualenv (../shared/peers/setup-peers.sh VENV makes one); they are
 never dependencies of onmt_lite.
 """
@@ -32,13 +33,14 @@ import sacrebleu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CT2_SCRIPT = """
 import sys, time, ctranslate2
-model, src, out, beam, batch, compute, inter, intra = sys.argv[1:9]
+model, src, out, beam, batch, compute, inter, intra, min_len, max_len = sys.argv[1:11]
 translator = ctranslate2.Translator(model, device="cpu", compute_type=compute,
                                     inter_threads=int(inter), intra_threads=int(intra))
 lines = [l.split() for l in open(src, encoding="utf-8").read().split("\\n")[:-1]]
 start = time.time()
 results = translator.translate_batch(lines, beam_size=int(beam), max_batch_size=int(batch),
-                                     length_penalty=1.0, max_decoding_length=250)
+                                     length_penalty=1.0, min_decoding_length=int(min_len),
+                                     max_decoding_length=int(max_len))
 elapsed = time.time() - start
 with open(out, "w", encoding="utf-8") as f:
     f.write("".join(" ".join(r.hypotheses[0]) + "\\n" for r in results))
@@ -112,10 +114,37 @@ def onmt_lite_command(args, src: str, out: str, *options: str) -> list:
             "-report_time", *options, *shlex.split(args.extra)]
 
 
-def run_once(cmd):
-    """One translate.py run in a helper process: (translation seconds, peak RSS MiB)."""
+def peers_env(args) -> dict:
+    return dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
+                OMP_NUM_THREADS=str(args.onmt_threads))
+
+
+def ct2_model(args, work) -> str:
+    """The model converted for CTranslate2 (its folder), or "" where it cannot be converted."""
+    ct2_dir = os.path.join(work, "ct2")
+    if os.path.isdir(ct2_dir):
+        return ct2_dir
+    convert = subprocess.run([os.path.join(args.peers, "bin", "python"), "-c", CT2_CONVERT,
+                              args.model, ct2_dir], env=peers_env(args), capture_output=True,
+                             text=True)
+    if convert.returncode != 0:  # e.g. RNN models, which CTranslate2 does not convert
+        reason = convert.stderr.strip().splitlines()[-1]
+        print(f"CTranslate2 skipped: {reason}", file=sys.stderr)
+        return ""
+    return ct2_dir
+
+
+def ct2_command(args, ct2_dir: str, src: str, out: str, compute: str, threads: str,
+                min_length: int = 0, max_length: int = 250) -> list:
+    return [os.path.join(args.peers, "bin", "python"), "-c", CT2_SCRIPT, ct2_dir, src, out,
+            str(args.beam_size), str(args.batch_size), compute, *threads.split("x"),
+            str(min_length), str(max_length)]
+
+
+def run_once(cmd, env=None):
+    """One run of cmd in a helper process: (translation seconds, peak RSS MiB)."""
     proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
-                          text=True)
+                          text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     child_result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,21 +160,29 @@ def growth(args, work):
     src = os.path.join(work, "growth.src")
     with open(src, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
+    tools = [("onmt_lite", None, lambda out, n: onmt_lite_command(
+        args, src, out, "-min_length", str(n), "-max_length", str(n), "-max_length_ratio", "0"))]
+    ct2_dir = ct2_model(args, work) if args.peers else None
+    if ct2_dir:  # the same forced lengths, with onmt_lite's thread layout
+        threads = f"{args.inter_threads}x{args.threads}"
+        tools.append((f"CT2 float32 {threads}", peers_env(args), lambda out, n: ct2_command(
+            args, ct2_dir, src, out, "float32", threads, n, n)))
     rows = []
-    for length in (10, 50, 200):
-        out = os.path.join(work, f"growth.{length}.txt")
-        cmd = onmt_lite_command(args, src, out, "-min_length", str(length), "-max_length",
-                                str(length), "-max_length_ratio", "0")
-        times = [run_once(cmd)[0] for _ in range(args.warmup + args.runs)][args.warmup:]
-        with open(out, encoding="utf-8") as f:
-            tokens = sum(len(line.split()) for line in f)
-        median = statistics.median(times)
-        rows.append({"output_tokens": round(tokens / len(lines), 1), "translate_s": median,
-                     "tokens_per_s": tokens / median})
-    print(f"{'tokens/sentence':>16} {'translate s':>12} {'tok/s':>9} {'vs ~10':>7}")
+    for name, env, command in tools:
+        for length in (10, 50, 200):
+            out = os.path.join(work, f"growth.{length}.txt")
+            times = [run_once(command(out, length), env)[0]
+                     for _ in range(args.warmup + args.runs)][args.warmup:]
+            with open(out, encoding="utf-8") as f:
+                tokens = sum(len(line.split()) for line in f)
+            median = statistics.median(times)
+            rows.append({"tool": name, "output_tokens": round(tokens / len(lines), 1),
+                         "translate_s": median, "tokens_per_s": tokens / median})
+    print(f"{'tool':20} {'tokens/sentence':>16} {'translate s':>12} {'tok/s':>9} {'vs ~10':>7}")
     for row in rows:
-        row["vs_shortest"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
-        print(f"{row['output_tokens']:16.1f} {row['translate_s']:12.2f} "
+        shortest = next(r for r in rows if r["tool"] == row["tool"])
+        row["vs_shortest"] = row["tokens_per_s"] / shortest["tokens_per_s"]
+        print(f"{row['tool']:20} {row['output_tokens']:16.1f} {row['translate_s']:12.2f} "
               f"{row['tokens_per_s']:9.1f} {row['vs_shortest']:7.2f}")
     return rows
 
@@ -215,24 +252,16 @@ def main(argv=None):
         cmd = onmt_lite_command(args, args.src, out, *options)
         results.append(measure(f"onmt_lite {engine}", cmd, out, args))
     if args.peers:
-        env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
-                   OMP_NUM_THREADS=str(args.onmt_threads))
+        env = peers_env(args)
         out = os.path.join(work, "opennmt-py.txt")
         cmd = [os.path.join(args.peers, "bin", "onmt_translate"), *common, "-output", out,
                "-gpu", "-1", "-report_time"]
         results.append(measure("OpenNMT-py", cmd, out, args, env))
-        ct2_dir = os.path.join(work, "ct2")
-        convert = subprocess.run([os.path.join(args.peers, "bin", "python"), "-c", CT2_CONVERT,
-                                  args.model, ct2_dir], env=env, capture_output=True, text=True)
-        if convert.returncode != 0:  # e.g. RNN models, which CTranslate2 does not convert
-            reason = convert.stderr.strip().splitlines()[-1]
-            print(f"CTranslate2 skipped: {reason}", file=sys.stderr)
+        ct2_dir = ct2_model(args, work)
         settings = [(compute, threads) for compute in ("float32", "int8") for threads in args.ct2]
-        for compute, threads in settings if convert.returncode == 0 else ():
+        for compute, threads in settings if ct2_dir else ():
             out = os.path.join(work, f"ct2.{compute}.{threads}.txt")
-            cmd = [os.path.join(args.peers, "bin", "python"), "-c", CT2_SCRIPT, ct2_dir,
-                   args.src, out, str(args.beam_size), str(args.batch_size), compute,
-                   *threads.split("x")]
+            cmd = ct2_command(args, ct2_dir, args.src, out, compute, threads)
             results.append(measure(f"CT2 {compute} {threads}", cmd, out, args, env))
     base = results[0]["translate_s"]["median"]
     print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
