@@ -41,22 +41,28 @@ class GlobalAttention(nn.Module):
         return torch.bmm(query, memory.transpose(1, 2))
 
     def forward(self, query: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                memory_proj: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Attends ``query`` (B, T, H) over ``memory`` (B, S, H).
+                memory_proj: Optional[torch.Tensor] = None,
+                group: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Attends ``query`` (B, T, H) over ``memory`` (B / group, S, H).
+
+        Each run of ``group`` consecutive query rows shares one memory row (a sentence's beam
+        hypotheses): one matrix product per sentence instead of one per hypothesis.
 
         Args:
-            src_mask: (B, 1, S), True at padded positions.
+            src_mask: (B / group, 1, S), True at padded positions.
             memory_proj: project_memory(memory), if already computed.
         Returns:
             output (B, T, H) and attention weights (B, T, S).
         """
-        align = self.score(query, memory, memory_proj).masked_fill(src_mask, float("-inf"))
+        batch, length, dim = query.shape
+        grouped = query.reshape(-1, group * length, dim)
+        align = self.score(grouped, memory, memory_proj).masked_fill(src_mask, float("-inf"))
         weights = torch.softmax(align, dim=-1)
-        context = torch.bmm(weights, memory)
+        context = torch.bmm(weights, memory).view(batch, length, dim)
         output = self.linear_out(torch.cat([context, query], dim=-1))
         if self.attn_type != "mlp":
             output = torch.tanh(output)
-        return output, weights
+        return output, weights.view(batch, length, -1)
 
 
 class MultiHeadedAttention(nn.Module):

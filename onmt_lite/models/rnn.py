@@ -99,10 +99,12 @@ class InputFeedRNNDecoder(nn.Module):
             self.state["memory_proj"] = memory_proj
         if len(final) > 1:
             self.state["cell"] = final[1]
+        self.group = 1  # decoder rows per row of the source entries
 
     def map_state(self, fn: StateFn) -> None:
-        """Applies ``fn(tensor, batch_dim)`` to every state tensor."""
-        self.state = map_state(self.state, fn, self.STATE_DIMS, self.SOURCE_KEYS)
+        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the state (see state.py)."""
+        self.state, self.group = map_state(self.state, fn, self.STATE_DIMS, self.SOURCE_KEYS,
+                                           self.group)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Runs ``tgt`` (B, T) from the current state; returns outputs (B, T, H), attention (B, T, S)."""
@@ -122,7 +124,7 @@ class InputFeedRNNDecoder(nn.Module):
         rnn_in = torch.cat([emb, s["input_feed"]], dim=1)
         rnn_out, hidden, cell = self.rnn(rnn_in, s["hidden"], s.get("cell"))
         out, attn = self.attn(rnn_out.unsqueeze(1), s["memory"], s["src_mask"],
-                              s.get("memory_proj"))
+                              s.get("memory_proj"), self.group)
         out = self.dropout(out.squeeze(1))
         s["hidden"], s["input_feed"] = hidden, out
         if cell is not None:

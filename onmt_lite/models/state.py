@@ -1,10 +1,11 @@
 """Decoder state shared by both model types: a dict of tensors that map_state reorders.
 
 Source-side entries (encoder memory, its projections, the source mask) are the same for every
-hypothesis of a sentence. A ``sentence`` entry records which sentence each row belongs to; when a
-reorder leaves every row in its own sentence (the usual beam step), those entries are not copied.
+hypothesis of a sentence, so they keep one row per sentence, shared by its ``group`` consecutive
+decoder rows. A ``sentence`` entry records which sentence each row belongs to; when a reorder
+leaves every row in its own sentence (the usual beam step), source entries are not touched.
 """
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, Tuple
 
 import torch
 
@@ -21,14 +22,25 @@ def same_sentences(before: torch.Tensor, after: torch.Tensor) -> bool:
 
 
 def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
-              source_keys: Iterable[str]) -> Dict[str, torch.Tensor]:
-    """``fn(tensor, batch_dim)`` on every entry; source entries only when rows change sentence.
+              source_keys: Iterable[str], group: int) -> Tuple[Dict[str, torch.Tensor], int]:
+    """``fn(tensor, batch_dim)``, a selection of rows, on every entry but the source entries.
 
+    Source entries hold one row per ``group`` consecutive rows (a sentence's hypotheses); they
+    are selected only when rows change sentence: per sentence while every sentence keeps the
+    same number of rows (beam tiling, finished sentences leaving), else per row.
     ``dims`` gives the batch dimension of entries that are not batch-first.
+    Returns the new state and group.
     """
     sentence = fn(state["sentence"], 0)
-    unchanged = same_sentences(state["sentence"], sentence)
     source = set(source_keys)
-    return {key: value if unchanged and key in source else
-            sentence if key == "sentence" else fn(value, dims.get(key, 0))
-            for key, value in state.items()}
+    moved = {key: sentence if key == "sentence" else fn(value, dims.get(key, 0))
+             for key, value in state.items() if key not in source}
+    if same_sentences(state["sentence"], sentence):
+        return {**state, **moved}, group
+    rows = state["sentence"].size(0)
+    origin = fn(torch.arange(rows // group, device=sentence.device).repeat_interleave(group), 0)
+    firsts, counts = torch.unique_consecutive(origin, return_counts=True)
+    group = int(counts[0]) if bool((counts == counts[0]).all()) else 1
+    picked = firsts if group > 1 else origin
+    return {**{key: value.index_select(0, picked) for key, value in state.items()
+               if key in source}, **moved}, group

@@ -8,7 +8,7 @@ from torch import nn
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.rnn import padding_mask
-from onmt_lite.models.state import StateFn, new_state, same_sentences
+from onmt_lite.models.state import StateFn, map_state, new_state, same_sentences
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -152,26 +152,12 @@ class TransformerDecoder(nn.Module):
                              memory.dtype, memory.device)
 
     def map_state(self, fn: StateFn) -> None:
-        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state.
-
-        The self-attention cache follows the selection (see kv_cache.py). The source entries
-        (memory keys/values, mask) keep one row per sentence while every sentence has the same
-        number of rows (beam tiling, finished sentences leaving), else one per row.
-        """
-        state = self.state
-        sentence = fn(state["sentence"], 0)
-        within = same_sentences(state["sentence"], sentence)
-        self.cache.reorder(fn(self.cache.slot, 0), sentence, within)
-        if not within:
-            rows = state["sentence"].size(0)
-            source = fn(torch.arange(rows // self.group, device=sentence.device)
-                        .repeat_interleave(self.group), 0)
-            firsts, counts = torch.unique_consecutive(source, return_counts=True)
-            self.group = int(counts[0]) if bool((counts == counts[0]).all()) else 1
-            picked = firsts if self.group > 1 else source
-            self.state = {key: value.index_select(0, picked) if key in self.source_keys
-                          else value for key, value in state.items()}
-        self.state["sentence"] = sentence
+        """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see
+        state.py); the self-attention cache follows it (see kv_cache.py)."""
+        sentence = fn(self.state["sentence"], 0)
+        self.cache.reorder(fn(self.cache.slot, 0), sentence,
+                           same_sentences(self.state["sentence"], sentence))
+        self.state, self.group = map_state(self.state, fn, {}, self.source_keys, self.group)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
