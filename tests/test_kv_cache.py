@@ -48,3 +48,6 @@ def test_every_row_follows_its_own_history(transformer_model, padded_batch, tgt_
             blocks -= gone is not None
             model.decoder.map_state(lambda t, d: t.index_select(d, index))
             history, sentence = history.index_select(0, index), sentence.index_select(0, index)
+            # the live sentences' memory rows, each shared by its k hypotheses
+            assert model.decoder.state["memory_keys.0"].size(0) == blocks
+            assert model.decoder.group == k

@@ -117,5 +117,6 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     if int8:
         with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
             warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8,
+                                                           inplace=True)
     return model

@@ -365,13 +365,15 @@ def build_translator(opt) -> Translator:
     gpu = _get(opt, "gpu", -1)
     device = f"cuda:{gpu}" if gpu is not None and gpu >= 0 else "cpu"
     model, ckpt = load_model(_get(opt, "model"), device)
+    src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
+    del ckpt  # its weights are in the model now: free them before quantising, not after
     model = for_inference(model, device, bool(_get(opt, "int8", False)),
                           _get(opt, "precision", "fp32") or "fp32")
     fields = DecodingOptions.__dataclass_fields__
     options = DecodingOptions(**{name: _get(opt, name) for name in fields
                                  if _get(opt, name) is not None})
-    max_src = None if ckpt.opt.get("model_type") == "rnn" else model.encoder.embeddings.MAX_LEN
+    max_src = None if model_type == "rnn" else model.encoder.embeddings.MAX_LEN
     inter_threads = _get(opt, "inter_threads")
-    return Translator(model, ckpt.src_vocab, ckpt.tgt_vocab, options, device, max_src,
+    return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                       1 if inter_threads is None else inter_threads)
 
