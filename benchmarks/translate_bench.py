@@ -62,19 +62,27 @@ with tempfile.NamedTemporaryFile(suffix=".pt") as f:
 """
 
 
-def measure(name, cmd, output, args, env=None):
-    """Warm-up and timed runs of one configuration (each run in a fresh helper process)."""
-    runs = []
+def measure(configs, args):
+    """Warm-up and timed runs of every configuration (name, cmd, output, env), each run in a
+    fresh helper process. Runs go round the configurations in turn, so that a slow spell of a
+    shared machine falls on all of them rather than on one."""
+    runs = {name: [] for name, *_ in configs}
     for i in range(args.warmup + args.runs):
-        proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
-                              text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
-        child = json.loads(proc.stdout.strip().splitlines()[-1])
-        if i >= args.warmup:
-            match = re.search(r"Total translation time \(s\): ([\d.]+)", child["log"])
-            runs.append({"translate_s": float(match.group(1)) if match else child["wall"],
-                         "process_s": child["wall"], "peak_rss_mib": child["rss"]})
+        for name, cmd, _, env in configs:
+            proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd,
+                                  capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+            child = json.loads(proc.stdout.strip().splitlines()[-1])
+            if i >= args.warmup:
+                match = re.search(r"Total translation time \(s\): ([\d.]+)", child["log"])
+                runs[name].append({"translate_s": float(match.group(1)) if match else child["wall"],
+                                   "process_s": child["wall"], "peak_rss_mib": child["rss"]})
+    return [summarize(name, runs[name], output, args) for name, _, output, _ in configs]
+
+
+def summarize(name, runs, output, args):
+    """Median, min and max of the runs; sentences/s, tokens/s and BLEU of the output."""
     with open(output, encoding="utf-8") as f:
         hyps = f.read().split("\n")[:-1]
     with open(args.ref, encoding="utf-8") as f:
@@ -245,24 +253,25 @@ def main(argv=None):
         return
     common = ["-model", args.model, "-src", args.src, "-beam_size", str(args.beam_size),
               "-batch_size", str(args.batch_size)]
-    results = []
+    configs = []
     for engine in args.engines:  # batch | sentence | int8 (the batch engine, -int8)
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
         options = ["-int8"] if engine == "int8" else ["-beam_engine", engine]
         cmd = onmt_lite_command(args, args.src, out, *options)
-        results.append(measure(f"onmt_lite {engine}", cmd, out, args))
+        configs.append((f"onmt_lite {engine}", cmd, out, None))
     if args.peers:
         env = peers_env(args)
         out = os.path.join(work, "opennmt-py.txt")
         cmd = [os.path.join(args.peers, "bin", "onmt_translate"), *common, "-output", out,
                "-gpu", "-1", "-report_time"]
-        results.append(measure("OpenNMT-py", cmd, out, args, env))
+        configs.append(("OpenNMT-py", cmd, out, env))
         ct2_dir = ct2_model(args, work)
         settings = [(compute, threads) for compute in ("float32", "int8") for threads in args.ct2]
         for compute, threads in settings if ct2_dir else ():
             out = os.path.join(work, f"ct2.{compute}.{threads}.txt")
             cmd = ct2_command(args, ct2_dir, args.src, out, compute, threads)
-            results.append(measure(f"CT2 {compute} {threads}", cmd, out, args, env))
+            configs.append((f"CT2 {compute} {threads}", cmd, out, env))
+    results = measure(configs, args)
     base = results[0]["translate_s"]["median"]
     print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
           f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8}")
