@@ -91,11 +91,13 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
 def replica(model: NMTModel) -> NMTModel:
     """The same model with its own decoder state (every weight shared), for another thread.
 
-    Decoders keep their state in ``decoder.state`` (and ``decoder.position``); the layers below
-    them hold none.
+    Decoders keep their state in ``decoder.state`` and ``group`` (the Transformer's also in
+    ``cache`` and ``position``), all set by init_state; the layers below them hold none.
     """
     decoder = copy.copy(model.decoder)
     decoder.state = {}
+    if getattr(decoder, "cache", None) is not None:
+        decoder.cache = None  # never share a cache; init_state makes the twin's own
     twin = copy.copy(model)
     twin._modules = dict(model._modules, decoder=decoder)
     return twin

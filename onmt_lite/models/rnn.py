@@ -84,6 +84,7 @@ class InputFeedRNNDecoder(nn.Module):
         self.attn = GlobalAttention(hidden_size, attn_type)
         self.dropout = nn.Dropout(dropout)
         self.state: Dict[str, torch.Tensor] = {}
+        self.group = 1  # decoder rows per row of the source entries (see state.py)
 
     STATE_DIMS = {"hidden": 1, "cell": 1}  # the others are batch-first
     SOURCE_KEYS = ("memory", "memory_proj", "src_mask")
@@ -99,7 +100,7 @@ class InputFeedRNNDecoder(nn.Module):
             self.state["memory_proj"] = memory_proj
         if len(final) > 1:
             self.state["cell"] = final[1]
-        self.group = 1  # decoder rows per row of the source entries
+        self.group = 1
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the state (see state.py)."""

@@ -1,6 +1,6 @@
 """Pre-norm Transformer encoder and incremental decoder (OpenNMT-py layout)."""
 import math
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -133,6 +133,8 @@ class TransformerDecoder(nn.Module):
             for _ in range(layers))
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.state: Dict[str, torch.Tensor] = {}
+        self.cache: Optional[KVCache] = None  # the self-attention keys/values (init_state)
+        self.group = 1  # decoder rows per row of the source entries (see state.py)
         self.position = 0
         self.source_keys = ["src_mask"] + [f"memory_{kv}.{i}" for i in range(layers)
                                            for kv in ("keys", "values")]
@@ -146,7 +148,7 @@ class TransformerDecoder(nn.Module):
             keys, values = layer.context_attn.project_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
             self.state[f"memory_values.{i}"] = values
-        self.group = 1  # decoder rows per row of the source entries
+        self.group = 1
         attn = self.layers[0].self_attn
         self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
                              memory.dtype, memory.device)
@@ -168,9 +170,8 @@ class TransformerDecoder(nn.Module):
         cache.reserve(length)
         x = self.embeddings(cache.to_buffer(tgt), start=self.position)
         total = self.position + length
-        causal = torch.ones(length, total, dtype=torch.bool, device=tgt.device).triu_(
-            self.position + 1)  # True above the diagonal = future positions
-        self_mask = causal if length > 1 else None
+        self_mask = None if length == 1 else torch.ones(  # True above the diagonal = future
+            length, total, dtype=torch.bool, device=tgt.device).triu_(self.position + 1)
         attn = None
         for i, layer in enumerate(self.layers):
             memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
