@@ -40,7 +40,7 @@ def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
     rows = state["sentence"].size(0)
     origin = fn(torch.arange(rows // group, device=sentence.device).repeat_interleave(group), 0)
     firsts, counts = torch.unique_consecutive(origin, return_counts=True)
-    group = int(counts[0]) if bool((counts == counts[0]).all()) else 1
+    group = int(counts[0]) if len(counts) and bool((counts == counts[0]).all()) else 1
     picked = firsts if group > 1 else origin
     return {**{key: value.index_select(0, picked) for key, value in state.items()
                if key in source}, **moved}, group
