@@ -200,3 +200,16 @@ def test_forward_log_probs_are_normalized(model_case, padded_batch, tgt_vocab):
     log_probs, attn = model(src, src_len, tgt)
     assert log_probs.shape == (3, 4, len(tgt_vocab)) and attn.shape == (3, 4, 5)
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(3, 4), atol=1e-5, rtol=0)
+
+
+def test_map_state_to_no_rows(model_case, padded_batch):
+    """Every sentence finished at once: each entry, the Transformer's cache too, has no rows."""
+    name, _, model = model_case
+    src, src_len, tgt = padded_batch
+    start(model, src, src_len)
+    model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
+    steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
+    none = torch.tensor([], dtype=torch.long)
+    model.decoder.map_state(lambda t, d: t.index_select(d, none))
+    for key, value in entries(model).items():
+        assert value.size(expected_batch_dim(name, key)) == 0, key

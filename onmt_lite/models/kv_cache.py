@@ -24,10 +24,6 @@ class KVCache:
         self.inverse = self.slot  # logical row held by each buffer row
         self.in_order = True  # slot is the identity
 
-    @property
-    def rows(self) -> int:
-        return self.buffer.size(2)
-
     def live(self) -> torch.Tensor:
         return self.buffer[..., :self.length, :]
 
@@ -68,10 +64,11 @@ class KVCache:
             sentence: the sentence of each logical row (also of each buffer row: rows change
                 sentence only through the compacting path, which puts buffer rows in logical
                 order).
-            within_sentences: every row stays in its sentence (``sentence`` is unchanged).
+            within_sentences: every row stays in its sentence (``sentence`` is unchanged, so
+                the number of rows too).
         """
         rows = origin.numel()
-        if not within_sentences or rows != self.rows:
+        if not within_sentences:
             compact = self.buffer.new_empty(self.buffer.shape[:2] + (rows,)
                                             + self.buffer.shape[3:])
             torch.index_select(self.live(), 2, origin, out=compact[..., :self.length, :])

@@ -8,7 +8,7 @@ from torch import nn
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.rnn import padding_mask
-from onmt_lite.models.state import StateFn, map_state, new_state, same_sentences
+from onmt_lite.models.state import StateFn, map_state, new_state
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -156,10 +156,10 @@ class TransformerDecoder(nn.Module):
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see
         state.py); the self-attention cache follows it (see kv_cache.py)."""
-        sentence = fn(self.state["sentence"], 0)
-        self.cache.reorder(fn(self.cache.slot, 0), sentence,
-                           same_sentences(self.state["sentence"], sentence))
-        self.state, self.group = map_state(self.state, fn, {}, self.source_keys, self.group)
+        mapped = map_state(self.state, fn, {}, self.source_keys, self.group)
+        self.cache.reorder(fn(self.cache.slot, 0), mapped.state["sentence"],
+                           mapped.within_sentences)
+        self.state, self.group = mapped.state, mapped.group
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
