@@ -69,15 +69,9 @@ def measure(configs, args):
     runs = {name: [] for name, *_ in configs}
     for i in range(args.warmup + args.runs):
         for name, cmd, _, env in configs:
-            proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd,
-                                  capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
-            child = json.loads(proc.stdout.strip().splitlines()[-1])
+            run = run_once(cmd, env, name)
             if i >= args.warmup:
-                match = re.search(r"Total translation time \(s\): ([\d.]+)", child["log"])
-                runs[name].append({"translate_s": float(match.group(1)) if match else child["wall"],
-                                   "process_s": child["wall"], "peak_rss_mib": child["rss"]})
+                runs[name].append(run)
     return [summarize(name, runs[name], output, args) for name, _, output, _ in configs]
 
 
@@ -149,15 +143,17 @@ def ct2_command(args, ct2_dir: str, src: str, out: str, compute: str, threads: s
             str(min_length), str(max_length)]
 
 
-def run_once(cmd, env=None):
-    """One run of cmd in a helper process: (translation seconds, peak RSS MiB)."""
+def run_once(cmd, env=None, name: str = "") -> dict:
+    """One run of cmd in a helper process: translation seconds (as the tool reports it, else
+    the process's), process seconds and peak RSS (MiB)."""
     proc = subprocess.run([sys.executable, __file__, "-_child"] + cmd, capture_output=True,
                           text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
+        raise RuntimeError(f"{name or cmd[0]} failed:\n{proc.stderr[-2000:]}")
     child_result = json.loads(proc.stdout.strip().splitlines()[-1])
     match = re.search(r"Total translation time \(s\): ([\d.]+)", child_result["log"])
-    return float(match.group(1)), child_result["rss"]
+    return {"translate_s": float(match.group(1)) if match else child_result["wall"],
+            "process_s": child_result["wall"], "peak_rss_mib": child_result["rss"]}
 
 
 def growth(args, work):
@@ -179,7 +175,7 @@ def growth(args, work):
     for name, env, command in tools:
         for length in (10, 50, 200):
             out = os.path.join(work, f"growth.{length}.txt")
-            times = [run_once(command(out, length), env)[0]
+            times = [run_once(command(out, length), env, name)["translate_s"]
                      for _ in range(args.warmup + args.runs)][args.warmup:]
             with open(out, encoding="utf-8") as f:
                 tokens = sum(len(line.split()) for line in f)
@@ -207,7 +203,8 @@ def memory(args, work):
             for i in range(n):
                 f.write(lines[i % len(lines)] + "\n")
         out = os.path.join(work, f"memory.{n}.txt")
-        seconds, rss = run_once(onmt_lite_command(args, src, out))
+        run = run_once(onmt_lite_command(args, src, out))
+        seconds, rss = run["translate_s"], run["peak_rss_mib"]
         with open(out, encoding="utf-8") as f:
             assert sum(1 for _ in f) == n
         rows.append({"lines": n, "translate_s": seconds, "peak_rss_mib": rss})
