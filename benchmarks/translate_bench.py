@@ -212,6 +212,11 @@ def memory(args, work):
     return rows
 
 
+ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engine
+    "batch": ["-beam_engine", "batch"], "sentence": ["-beam_engine", "sentence"],
+    "int8": ["-int8"], "bf16": ["-precision", "bf16"]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("-model", required=True)
@@ -225,8 +230,8 @@ def main(argv=None):
     p.add_argument("-onmt_threads", type=int, default=2, help="OpenNMT-py: torch threads")
     p.add_argument("-runs", type=int, default=3)
     p.add_argument("-warmup", type=int, default=1)
-    p.add_argument("-engines", nargs="+", default=["batch", "sentence", "int8"],
-                   choices=["batch", "sentence", "int8"])
+    p.add_argument("-engines", nargs="+", default=["batch", "sentence", "int8", "bf16"],
+                   choices=list(ENGINE_OPTIONS))
     p.add_argument("-extra", default="", help='more translate.py options: -extra="-n_best 2"')
     p.add_argument("-peers", help="virtualenv with OpenNMT-py 3.5.1 and CTranslate2")
     p.add_argument("-ct2", nargs="+", default=["1x1", "2x1"],
@@ -251,10 +256,9 @@ def main(argv=None):
     common = ["-model", args.model, "-src", args.src, "-beam_size", str(args.beam_size),
               "-batch_size", str(args.batch_size)]
     configs = []
-    for engine in args.engines:  # batch | sentence | int8 (the batch engine, -int8)
+    for engine in args.engines:
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
-        options = ["-int8"] if engine == "int8" else ["-beam_engine", engine]
-        cmd = onmt_lite_command(args, args.src, out, *options)
+        cmd = onmt_lite_command(args, args.src, out, *ENGINE_OPTIONS[engine])
         configs.append((f"onmt_lite {engine}", cmd, out, None))
     if args.peers:
         env = peers_env(args)

@@ -25,7 +25,7 @@ def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
     assert "onmt_lite batch" in proc.stdout and "onmt_lite sentence" in proc.stdout
     results = json.loads(out.read_text())
     assert [r["name"] for r in results] == ["onmt_lite batch", "onmt_lite sentence",
-                                            "onmt_lite int8"]
+                                            "onmt_lite int8", "onmt_lite bf16"]
     for r in results:
         assert r["translate_s"]["median"] > 0 and r["peak_rss_mib"]["median"] > 0
         assert r["sents_per_s"] > 0 and 0 <= r["bleu"] <= 100

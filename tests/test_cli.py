@@ -223,20 +223,25 @@ def test_batch_type_tokens_threads_and_inter_threads(tiny_model, tmp_path):
     assert a.read_text() == b.read_text()
 
 
-def test_int8_translates_and_precision_needs_a_gpu(tiny_model, tmp_path, capsys):
+def test_int8_and_bf16_translate_and_fp16_needs_a_gpu(tiny_model, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("red cat runs\nsmall bird\nbig dog sits red\n\nblue cat\n")
-    fp32, int8 = tmp_path / "fp32.txt", tmp_path / "int8.txt"
+    fp32, int8, bf16 = tmp_path / "fp32.txt", tmp_path / "int8.txt", tmp_path / "bf16.txt"
     assert _run(["-model", tiny_model, "-src", src, "-output", fp32]) == 0
     assert _run(["-model", tiny_model, "-src", src, "-output", int8, "-int8"]) == 0
-    # quantisation moves scores a little; on this easy task the words stay the same
+    assert _run(["-model", tiny_model, "-src", src, "-output", bf16, "-precision", "bf16"]) == 0
+    # both move scores a little; on this easy task the words stay the same
     assert int8.read_text() == fp32.read_text()
+    assert bf16.read_text() == fp32.read_text()
     from onmt_lite.translate import build_translator
     quantised = build_translator({"model": tiny_model, "int8": True}).model
     assert any("quantized" in type(m).__module__ for m in quantised.modules())
     capsys.readouterr()
     assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "fp16"]) == 1
     assert "-precision fp16 needs a GPU" in capsys.readouterr().err
+    assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "bf16",
+                 "-int8"]) == 1
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_input_is_streamed_in_shards(tiny_model, tmp_path, capsys):

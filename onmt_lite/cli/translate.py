@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
-        help="GPU: compute in this floating-point precision")
+        help="fp16: GPU only; bf16: on GPU the whole model, on CPU the matrix products "
+             "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16)")
     return parser
 
 

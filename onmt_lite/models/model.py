@@ -6,6 +6,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from onmt_lite.models.bfloat16 import to_bfloat16
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
 from onmt_lite.models.transformer import TransformerDecoder, TransformerEncoder
 
@@ -105,17 +106,22 @@ def replica(model: NMTModel) -> NMTModel:
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,
                   precision: str = "fp32") -> NMTModel:
-    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU) or in half
-    precision (GPU); searches still keep their scores in fp32."""
+    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU), in half
+    precision (GPU) or with bf16 products (CPU, see bfloat16.py); searches keep their scores
+    in fp32."""
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     if precision not in dtypes:
         raise ValueError(f"-precision must be one of {', '.join(dtypes)}")
     on_gpu = device.startswith("cuda")
-    if precision != "fp32" and not on_gpu:
-        raise ValueError(f"-precision {precision} needs a GPU (-gpu N)")
+    if precision == "fp16" and not on_gpu:
+        raise ValueError("-precision fp16 needs a GPU (-gpu N); on CPU use bf16")
     if int8 and on_gpu:
         raise ValueError("-int8 is for CPU decoding (drop -gpu)")
-    model = model.to(device=device, dtype=dtypes[precision]).eval()
+    if int8 and precision != "fp32":
+        raise ValueError(f"-int8 and -precision {precision} exclude each other")
+    model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
+    if precision == "bf16" and not on_gpu:
+        to_bfloat16(model)
     if int8:
         with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
             warnings.simplefilter("ignore")

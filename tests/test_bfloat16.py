@@ -1,0 +1,80 @@
+"""bf16 products on CPU: each layer matches its fp32 original within bf16 rounding."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from onmt_lite.models.bfloat16 import (Bfloat16GRUCell, Bfloat16Linear, Bfloat16LSTMCell,
+                                       to_bfloat16)
+from onmt_lite.models.model import for_inference
+
+TOLERANCE = 2e-2  # bf16 keeps 8 significant bits; these products sum 16-32 terms
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == torch.float32 and bool(
+        ((a - b).abs() <= TOLERANCE * (1 + b.abs())).all())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 16, bias=bias)
+    if bias:
+        with torch.no_grad():
+            linear.bias.mul_(10)  # a bias larger than the product: kept in fp32
+    x = torch.randn(5, 3, 24)
+    assert close(Bfloat16Linear(linear)(x), linear(x))
+
+
+def test_lstm_cell_over_steps():
+    torch.manual_seed(0)
+    cell = nn.LSTMCell(12, 16)
+    twin = Bfloat16LSTMCell(cell)
+    h = c = torch.zeros(4, 16)
+    h2, c2 = h, c
+    for _ in range(5):
+        x = torch.randn(4, 12)
+        h, c = cell(x, (h, c))
+        h2, c2 = twin(x, (h2, c2))
+        assert close(h2, h) and close(c2, c)
+
+
+def test_gru_cell_over_steps():
+    torch.manual_seed(0)
+    cell = nn.GRUCell(12, 16)
+    twin = Bfloat16GRUCell(cell)
+    h = h2 = torch.randn(4, 16)
+    for _ in range(5):
+        x = torch.randn(4, 12)
+        h, h2 = cell(x, h), twin(x, h2)
+        assert close(h2, h)
+
+
+def test_model_matches_fp32(model_case, padded_batch):
+    _, _, model = model_case
+    src, src_len, tgt = padded_batch
+    model.eval()
+    low = for_inference(copy.deepcopy(model), "cpu", precision="bf16")
+    assert not any(type(m) in (nn.Linear, nn.LSTMCell, nn.GRUCell) for m in low.modules())
+    assert all(p.dtype in (torch.float32, torch.bfloat16) for p in low.parameters())
+    with torch.inference_mode():
+        expected, expected_attn = model(src, src_len, tgt)
+        got, attn = low(src, src_len, tgt)
+    assert got.dtype == torch.float32
+    assert (got - expected).abs().max() < 0.05 and (attn - expected_attn).abs().max() < 0.05
+
+
+def test_shared_layer_converted_once():
+    shared = nn.Linear(4, 4)
+    outer = nn.Sequential(shared, nn.Sequential(shared))
+    to_bfloat16(outer)
+    assert outer[0] is outer[1][0] and isinstance(outer[0], Bfloat16Linear)
+
+
+def test_fp16_on_cpu_and_int8_with_bf16_refused(transformer_model):
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        for_inference(transformer_model, "cpu", precision="fp16")
+    with pytest.raises(ValueError, match="exclude each other"):
+        for_inference(transformer_model, "cpu", int8=True, precision="bf16")
