@@ -17,15 +17,16 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         ((a - b).abs() <= TOLERANCE * (1 + b.abs())).all())
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_linear(bias):
+@pytest.mark.parametrize("bias,rows", [(True, 5), (False, 5), (True, 32), (False, 1)])
+def test_linear(bias, rows):  # row counts are padded to a multiple of 32 inside
     torch.manual_seed(0)
     linear = nn.Linear(24, 16, bias=bias)
     if bias:
         with torch.no_grad():
             linear.bias.mul_(10)  # a bias larger than the product: kept in fp32
-    x = torch.randn(5, 3, 24)
-    assert close(Bfloat16Linear(linear)(x), linear(x))
+    x = torch.randn(rows, 3, 24)
+    out = Bfloat16Linear(linear)(x)
+    assert out.shape == (rows, 3, 16) and close(out, linear(x))
 
 
 def test_lstm_cell_over_steps():
