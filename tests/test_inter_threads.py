@@ -3,13 +3,15 @@ import pytest
 import torch
 from conftest import SRC_WORDS, TINY_MODELS, make_model
 
-from onmt_lite.models.model import replica
+from onmt_lite.models.model import for_inference, replica
 from onmt_lite.translate import DecodingOptions, Translator
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("model_name", ["transformer", "brnn-LSTM-general"])
-def test_inter_threads_give_the_same_translations(model_name, src_vocab, tgt_vocab):
-    model = make_model(TINY_MODELS[model_name], src_vocab, tgt_vocab, seed=5)
+def test_inter_threads_give_the_same_translations(model_name, precision, src_vocab, tgt_vocab):
+    model = for_inference(make_model(TINY_MODELS[model_name], src_vocab, tgt_vocab, seed=5),
+                          "cpu", precision=precision)
     gen = torch.Generator().manual_seed(11)
     lines = [" ".join(SRC_WORDS[int(i)] for i in torch.randint(0, 6, (int(n),), generator=gen))
              for n in torch.randint(0, 9, (40,), generator=gen)]
