@@ -79,3 +79,10 @@ def test_fp16_on_cpu_and_int8_with_bf16_refused(transformer_model):
         for_inference(transformer_model, "cpu", precision="fp16")
     with pytest.raises(ValueError, match="exclude each other"):
         for_inference(transformer_model, "cpu", int8=True, precision="bf16")
+
+
+def test_warns_on_a_cpu_without_bf16_units(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    to_bfloat16(nn.Linear(2, 2))
+    assert "no bf16 units" in caplog.text

@@ -5,10 +5,13 @@ AVX-512 BF16), several times faster than fp32 ones. Everything else (activations
 layers, biases, softmax, layer norm, the LSTM cell state, the search's scores) stays fp32, so the
 only loss is the rounding of each product's inputs and output to bf16.
 """
+import logging
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
+
+logger = logging.getLogger("onmt_lite")
 
 
 def _bf16(weight: torch.Tensor) -> nn.Parameter:
@@ -82,9 +85,18 @@ BFLOAT16_VERSIONS = {nn.Linear: Bfloat16Linear, nn.LSTMCell: Bfloat16LSTMCell,
                      nn.GRUCell: Bfloat16GRUCell}
 
 
+def has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16)."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
 def to_bfloat16(module: nn.Module) -> nn.Module:
     """Replaces, in place, every Linear, LSTMCell and GRUCell below ``module`` by its bf16
     version; returns ``module``. Shared layers (tied weights) stay shared."""
+    if not has_bf16_units():
+        logger.warning("this CPU has no bf16 units (AMX, AVX-512 BF16): -precision bf16 "
+                       "will be slower than fp32")
     done = {}
     for parent in list(module.modules()):
         for name, child in parent.named_children():
