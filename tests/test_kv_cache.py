@@ -8,6 +8,7 @@ import torch
 
 from onmt_lite.models.kv_cache import INITIAL_CAPACITY
 from onmt_lite.models.model import replica
+from onmt_lite.translate.beam_search import fill_gaps
 
 ATOL = 1e-5
 
@@ -42,12 +43,23 @@ def test_every_row_follows_its_own_history(transformer_model, padded_batch, tgt_
             torch.testing.assert_close(attn, ref_attn, atol=ATOL, rtol=0)
             # a beam step: each row continues a hypothesis of its own sentence, often one
             # that another row continues too; twice a sentence leaves
-            gone = rng.randrange(blocks) if step in (5, 11) else None
-            index = torch.tensor([b * k + rng.choice([0, 0, 1, 2]) for b in range(blocks)
-                                  if b != gone for _ in range(k)])
+            # (the first, the others keeping their order, so that one stays in its buffer
+            # rows but changes block; then one at random, in the batched search's order)
+            gone = {5: 0, 11: rng.randrange(blocks)}.get(step)
+            kept = [b for b in range(blocks) if b != gone]
+            order = kept if step == 5 else fill_gaps(kept)
+            index = torch.tensor([b * k + rng.choice([0, 0, 1, 2]) for b in order
+                                  for _ in range(k)])
             blocks -= gone is not None
             model.decoder.map_state(lambda t, d: t.index_select(d, index))
             history, sentence = history.index_select(0, index), sentence.index_select(0, index)
             # the live sentences' memory rows, each shared by its k hypotheses
             assert model.decoder.state["memory_keys.0"].size(0) == blocks
             assert model.decoder.group == k
+
+
+def test_fill_gaps_moves_only_sentences_past_the_end():
+    assert fill_gaps([0, 1, 2]) == [0, 1, 2]
+    assert fill_gaps([1, 2, 4]) == [4, 1, 2]
+    assert fill_gaps([0, 3, 5, 6]) == [0, 5, 6, 3]
+    assert fill_gaps([]) == []

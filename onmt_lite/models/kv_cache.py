@@ -2,11 +2,13 @@
 
 Every layer's keys and values share one buffer (layers, 2, buffer rows, heads, capacity, dim)
 that grows geometrically, so a step writes its position in place instead of re-copying the
-prefix. ``slot[r]`` is the buffer row that holds logical row r's history. A beam step keeps
-every row in its sentence: then only hypotheses continued more than once are copied (into buffer
-rows that nobody continued), and the decoder runs its step in buffer order (``to_buffer`` /
-``from_buffer``), valid because a sentence's rows share one source. Any other reorder (tiling,
-finished sentences leaving) copies the live prefix into a compact buffer in logical order.
+prefix. ``slot[r]`` is the buffer row that holds logical row r's history, and the decoder runs
+its step in buffer order (``to_buffer`` / ``from_buffer``). Rows come in blocks of ``group``
+(a sentence's hypotheses, which share one source row): logical row r always lives in buffer
+block r // group, anywhere inside it. So a reorder copies only the rows that cannot stay where
+their history is: a hypothesis continued twice (its second child) and the sentences that move
+into the blocks of sentences that left. Only more rows than the buffer holds (beam tiling)
+copies everything, into a new buffer.
 """
 from typing import Tuple
 
@@ -19,32 +21,34 @@ class KVCache:
     def __init__(self, layers: int, rows: int, heads: int, dim: int, dtype, device):
         self.buffer = torch.empty(layers, 2, rows, heads, INITIAL_CAPACITY, dim, dtype=dtype,
                                   device=device)
+        self.rows = rows  # buffer rows in use: the first ``rows``
         self.length = 0
         self.slot = torch.arange(rows, device=device)  # buffer row of each logical row
-        self.inverse = self.slot  # logical row held by each buffer row
+        self.inverse = self.slot  # logical row held by each buffer row in use
         self.in_order = True  # slot is the identity
 
     def live(self) -> torch.Tensor:
-        return self.buffer[..., :self.length, :]
+        return self.buffer[:, :, :self.rows, :, :self.length]
 
     def reserve(self, steps: int) -> None:
         """Makes room for ``steps`` more positions."""
         needed, capacity = self.length + steps, self.buffer.size(4)
         if needed > capacity:
             shape = list(self.buffer.shape)
-            shape[4] = max(needed, 2 * capacity)
+            shape[2], shape[4] = self.rows, max(needed, 2 * capacity)
             grown = self.buffer.new_empty(shape)
             grown[..., :self.length, :] = self.live()
             self.buffer = grown
 
     def append(self, layer: int, keys: torch.Tensor,
                values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Writes (buffer rows, heads, T, dim) keys/values after the prefix; returns the whole
-        of this layer's keys and values, prefix included, as views. ``advance`` moves on."""
+        """Writes (rows, heads, T, dim) keys/values after the prefix, in buffer order; returns the
+        whole of this layer's keys and values, prefix included, as views. ``advance`` moves on."""
         end = self.length + keys.size(2)
-        self.buffer[layer, 0, :, :, self.length:end] = keys
-        self.buffer[layer, 1, :, :, self.length:end] = values
-        return self.buffer[layer, 0, :, :, :end], self.buffer[layer, 1, :, :, :end]
+        layer_buffer = self.buffer[layer, :, :self.rows]
+        layer_buffer[0, :, :, self.length:end] = keys
+        layer_buffer[1, :, :, self.length:end] = values
+        return layer_buffer[0, :, :, :end], layer_buffer[1, :, :, :end]
 
     def advance(self, steps: int) -> None:
         self.length += steps
@@ -56,40 +60,35 @@ class KVCache:
     def from_buffer(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.in_order else x.index_select(0, self.slot)
 
-    def reorder(self, origin: torch.Tensor, sentence: torch.Tensor,
-                within_sentences: bool) -> None:
-        """New logical row r continues the history in buffer row ``origin[r]``.
-
-        Args:
-            sentence: the sentence of each logical row (also of each buffer row: rows change
-                sentence only through the compacting path, which puts buffer rows in logical
-                order).
-            within_sentences: every row stays in its sentence (``sentence`` is unchanged, so
-                the number of rows too).
-        """
+    def reorder(self, origin: torch.Tensor, group: int) -> None:
+        """New logical row r continues the history in buffer row ``origin[r]``; the new rows come
+        in blocks of ``group`` that share a source row."""
         rows = origin.numel()
-        if not within_sentences:
-            compact = self.buffer.new_empty(self.buffer.shape[:2] + (rows,)
-                                            + self.buffer.shape[3:])
-            torch.index_select(self.live(), 2, origin, out=compact[..., :self.length, :])
-            self.buffer = compact
-            self.slot = self.inverse = torch.arange(rows, device=origin.device)
+        order = torch.arange(rows, device=origin.device)
+        if rows > self.buffer.size(2):  # beam tiling: copy into a larger buffer
+            larger = self.buffer.new_empty(self.buffer.shape[:2] + (rows,)
+                                           + self.buffer.shape[3:])
+            torch.index_select(self.live(), 2, origin, out=larger[..., :self.length, :])
+            self.buffer, self.rows = larger, rows
+            self.slot = self.inverse = order
             self.in_order = True
             return
-        order = torch.arange(rows, device=origin.device)
-        first = torch.full_like(origin, rows).scatter_reduce_(0, origin, order, "amin")
-        branches = first.index_select(0, origin) != order  # a later child of a buffer row
-        if bool(branches.any()):
-            children = branches.nonzero().squeeze(1)
-            unused = (first == rows).nonzero().squeeze(1)  # buffer rows nobody continues
-            # as many unused rows as branching children in each sentence: pair them by sentence
-            children = children.index_select(0, sentence.index_select(0, children).argsort(
-                stable=True))
-            unused = unused.index_select(0, sentence.index_select(0, unused).argsort(stable=True))
-            live = self.live()
-            live.index_copy_(2, unused, live.index_select(2, origin.index_select(0, children)))
-            origin = origin.index_put((children,), unused)
-        self.slot = origin
+        # a row stays in its history's buffer row if that row is in its block and no earlier
+        # row stays there; the others are copied into the rows of their block left free
+        first = torch.full((self.buffer.size(2),), rows, device=origin.device).scatter_reduce_(
+            0, origin, order, "amin")
+        stays = (first.index_select(0, origin) == order) & (
+            torch.div(origin, group, rounding_mode="floor")
+            == torch.div(order, group, rounding_mode="floor"))
+        if not bool(stays.all()):
+            movers = (~stays).nonzero().squeeze(1)
+            taken = torch.zeros(rows, dtype=torch.bool, device=origin.device)
+            taken[origin[stays]] = True
+            free = (~taken).nonzero().squeeze(1)  # as many per block as movers, both ascending
+            history = self.buffer[..., :self.length, :]  # every buffer row: movers may be past rows
+            history.index_copy_(2, free, history.index_select(2, origin.index_select(0, movers)))
+            origin = origin.index_put((movers,), free)
+        self.rows, self.slot = rows, origin
         self.inverse = torch.empty_like(origin).scatter_(0, origin, order)
         self.in_order = False
 

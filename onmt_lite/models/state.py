@@ -19,7 +19,6 @@ def new_state(batch: int, device) -> Dict[str, torch.Tensor]:
 class Mapped(NamedTuple):
     state: Dict[str, torch.Tensor]
     group: int
-    within_sentences: bool  # every row stayed in its sentence (the usual beam step)
 
 
 def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
@@ -37,11 +36,11 @@ def map_state(state: Dict[str, torch.Tensor], fn: StateFn, dims: Dict[str, int],
              for key, value in state.items() if key not in source}
     before = state["sentence"]
     if sentence.shape == before.shape and torch.equal(sentence, before):
-        return Mapped({**state, **moved}, group, True)
+        return Mapped({**state, **moved}, group)
     rows = before.size(0)
     origin = fn(torch.arange(rows // group, device=sentence.device).repeat_interleave(group), 0)
     firsts, counts = torch.unique_consecutive(origin, return_counts=True)
     group = int(counts[0]) if len(counts) and bool((counts == counts[0]).all()) else 1
     picked = firsts if group > 1 else origin
     return Mapped({**{key: value.index_select(0, picked) for key, value in state.items()
-                      if key in source}, **moved}, group, False)
+                      if key in source}, **moved}, group)

@@ -157,8 +157,7 @@ class TransformerDecoder(nn.Module):
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see
         state.py); the self-attention cache follows it (see kv_cache.py)."""
         mapped = map_state(self.state, fn, {}, self.source_keys, self.group)
-        self.cache.reorder(fn(self.cache.slot, 0), mapped.state["sentence"],
-                           mapped.within_sentences)
+        self.cache.reorder(fn(self.cache.slot, 0), mapped.group)
         self.state, self.group = mapped.state, mapped.group
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -114,6 +114,7 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
                 break
         # g. Reorder the decoder state by the chosen origins, dropping finished sentences.
         if len(keep) < n:
+            keep = fill_gaps(keep)
             rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=device)
             live = [live[i] for i in keep]
             keep_t = torch.tensor(keep, device=device)
@@ -127,6 +128,13 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
                 blocker.keep(rows.tolist())
         dec.map_state(lambda state, dim: state.index_select(dim, select))
     return results
+
+
+def fill_gaps(keep: List[int]) -> List[int]:
+    """The sentences ``keep`` in a new order: those below ``len(keep)`` keep their place, the
+    others fill the places of sentences that left, so the decoder's cache moves only those."""
+    kept, movers = set(keep), iter(i for i in keep if i >= len(keep))
+    return [i if i in kept else next(movers) for i in range(len(keep))]
 
 
 def top_candidates(curr: torch.Tensor, k: int,
