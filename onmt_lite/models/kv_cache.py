@@ -73,8 +73,8 @@ class KVCache:
             self.slot = self.inverse = order
             self.in_order = True
             return
-        # a row stays in its history's buffer row if that row is in its block and no earlier
-        # row stays there; the others are copied into the rows of their block left free
+        # a row stays in its history's buffer row if that row lies in its block and no earlier
+        # row continues the same history; the others are copied into their block's free rows
         first = torch.full((self.buffer.size(2),), rows, device=origin.device).scatter_reduce_(
             0, origin, order, "amin")
         stays = (first.index_select(0, origin) == order) & (
