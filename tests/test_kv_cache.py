@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from onmt_lite.models.kv_cache import INITIAL_CAPACITY
+from onmt_lite.models.kv_cache import INITIAL_CAPACITY, KVCache
 from onmt_lite.models.model import replica
 from onmt_lite.translate.beam_search import fill_gaps
 
@@ -63,3 +63,16 @@ def test_fill_gaps_moves_only_sentences_past_the_end():
     assert fill_gaps([1, 2, 4]) == [4, 1, 2]
     assert fill_gaps([0, 3, 5, 6]) == [0, 5, 6, 3]
     assert fill_gaps([]) == []
+
+
+def test_rows_that_swap_histories():
+    # row 0 takes row 1's history and row 1 row 0's: copied one by one in order, row 1 would
+    # read row 0 after it was overwritten
+    cache = KVCache(1, 2, 1, 1, torch.float, "cpu")
+    cache.reserve(1)
+    cache.append(0, torch.tensor([[[[1.0]]], [[[2.0]]]]), torch.tensor([[[[3.0]]], [[[4.0]]]]))
+    cache.advance(1)
+    cache.reorder(torch.tensor([1, 0]), group=1)
+    keys, values = cache.logical(0)
+    assert keys.flatten().tolist() == [2.0, 1.0] and values.flatten().tolist() == [4.0, 3.0]
+    assert cache.slot.tolist() == [0, 1]  # each row in its own block: both copied
