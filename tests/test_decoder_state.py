@@ -38,6 +38,13 @@ def steps(model, tokens: torch.Tensor):
     return torch.stack(outs, 1), torch.stack(attns, 1)
 
 
+def two_hypotheses_two_steps(model, src, src_len, tgt):
+    """Every sentence tiled into two rows, then two decoding steps: a cache with a history."""
+    start(model, src, src_len)
+    model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
+    steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
+
+
 @pytest.fixture(autouse=True)
 def no_grad():
     with torch.no_grad():
@@ -105,9 +112,7 @@ def test_reorder_within_sentences_keeps_source_entries(model_case, padded_batch)
     """A beam step moves rows only within their sentence: the source side is not copied."""
     name, _, model = model_case
     src, src_len, tgt = padded_batch
-    start(model, src, src_len)
-    model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
-    steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
+    two_hypotheses_two_steps(model, src, src_len, tgt)
     before = entries(model)
     select = torch.tensor([1, 1, 2, 3, 5, 4])  # row 2b + j: each row stays in sentence b
     model.decoder.map_state(lambda t, d: t.index_select(d, select))
@@ -206,9 +211,7 @@ def test_map_state_to_no_rows(model_case, padded_batch):
     """Every sentence finished at once: each entry, the Transformer's cache too, has no rows."""
     name, _, model = model_case
     src, src_len, tgt = padded_batch
-    start(model, src, src_len)
-    model.decoder.map_state(lambda t, d: t.repeat_interleave(2, dim=d))
-    steps(model, tgt.repeat_interleave(2, dim=0)[:, :2])
+    two_hypotheses_two_steps(model, src, src_len, tgt)
     none = torch.tensor([], dtype=torch.long)
     model.decoder.map_state(lambda t, d: t.index_select(d, none))
     for key, value in entries(model).items():

@@ -105,7 +105,7 @@ class InputFeedRNNDecoder(nn.Module):
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the state (see state.py)."""
         self.state, self.group = map_state(self.state, fn, self.STATE_DIMS,
-                                              self.SOURCE_KEYS, self.group)
+                                           self.SOURCE_KEYS, self.group)
 
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Runs ``tgt`` (B, T) from the current state; returns outputs (B, T, H), attention (B, T, S)."""
