@@ -54,3 +54,22 @@ def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert [r["lines"] for r in rows] == [3, 30] and all(r["peak_rss_mib"] > 0 for r in rows)
+
+
+def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
+    ckpt = str(tmp_path / "m.pt")
+    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "profile_decode.py"), "-model", ckpt,
+         "-src", str(tmp_path / "src"), "-extra=-max_length 5", "-json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    groups = result["groups"]
+    assert result["lines"] == 3 and result["wall_s"] > 0
+    assert groups["matrix products"]["cpu_s"] > 0 and groups["softmax, log_softmax"]["cpu_s"] > 0
+    assert abs(sum(g["share"] for g in groups.values()) - 1) < 1e-9
+    assert "matrix products" in proc.stdout

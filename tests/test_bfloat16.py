@@ -29,14 +29,14 @@ def test_linear(bias, rows):  # row counts are padded to a multiple of 32 inside
     assert out.shape == (rows, 3, 16) and close(out, linear(x))
 
 
-@pytest.mark.parametrize("rows", [5, 32, 40])
+@pytest.mark.parametrize("rows", [5, 32, 40, 300, 513])  # >256: in blocks
 def test_packed_weights_give_the_plain_bf16_product(rows):
     """Weights kept in oneDNN's layout change nothing: the product is bf16 F.linear's."""
     torch.manual_seed(0)
-    linear = nn.Linear(64, 48, bias=False)
+    linear = nn.Linear(64, 48)
     layer = Bfloat16Linear(linear)
     x = torch.randn(rows, 64)
-    plain = nn.functional.linear(x.bfloat16(), linear.weight.bfloat16()).float()
+    plain = nn.functional.linear(x.bfloat16(), linear.weight.bfloat16()).float() + linear.bias
     assert torch.equal(layer(x), plain)
     if torch.backends.mkldnn.is_available():
         assert layer.weight.is_mkldnn

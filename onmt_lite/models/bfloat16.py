@@ -13,9 +13,11 @@ from torch import nn
 
 logger = logging.getLogger("onmt_lite")
 
-# oneDNN compiles and keeps a kernel for every shape it meets (~0.3 MiB and milliseconds
-# each); rounding the row count up to a multiple keeps the shapes few over a whole input.
+# oneDNN compiles and keeps a kernel for every shape it meets (~0.3 MiB and 1-4 ms each):
+# products run on blocks of at most MAX_ROWS rows, padded to a multiple of ROW_MULTIPLE, so
+# that a whole input meets only a few shapes.
 ROW_MULTIPLE = 32
+MAX_ROWS = 256
 
 
 def _bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -42,6 +44,10 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     """x (..., in) fp32 times weight (out, in) bf16, in bf16; returns fp32 (..., out)."""
     flat = x.reshape(-1, x.size(-1))
     rows = flat.size(0)
+    if rows > MAX_ROWS:  # the encoder's products: (sentences x words) rows
+        out = torch.cat([_product(block, weight, None) for block in flat.split(MAX_ROWS)])
+        out = out.view(*x.shape[:-1], out.size(-1))
+        return out if bias is None else out + bias
     if rows % ROW_MULTIPLE:
         padded = flat.new_empty((-(-rows // ROW_MULTIPLE) * ROW_MULTIPLE, flat.size(1)),
                                 dtype=torch.bfloat16)
