@@ -1,4 +1,4 @@
-"""Where decoding time goes: torch.profiler's self CPU time per operation, in a few groups.
+"""Where decoding time goes: torch.profiler's time per operation, in a few groups.
 
     python benchmarks/profile_decode.py -model M.pt -src SRC [-threads 1] [-json F]
         [-extra="-precision bf16"]
@@ -7,6 +7,7 @@ Translates the first 64 lines once to warm up, then all of -src twice: plainly, 
 time, and under the profiler, for each operation's own time. Matrix products are the floor of
 exact fp32 decoding: every search that gives OpenNMT-py's output computes the same ones. What
 the operations do not account for is Python and operator dispatch (and the profiler's own cost).
+Batches run one at a time (with -inter_threads the operations of two threads would overlap).
 """
 import argparse
 import json
@@ -30,8 +31,8 @@ GROUPS = {  # operation name -> group; anything else is "other operations"
 
 
 def group_times(events) -> dict:
-    """Seconds of self CPU time per group; work done inside a product (addmm's copy of the
-    bias into its output) counts as the product's."""
+    """Seconds spent in each group's operations (their own time, children excluded); work done
+    inside a product (addmm's copy of the bias into its output) counts as the product's."""
     group_of = {name: group for group, names in GROUPS.items() for name in names}
     times = dict.fromkeys(list(GROUPS) + ["other operations"], 0.0)
     for event in events:
@@ -61,6 +62,8 @@ def main(argv=None) -> dict:
 
     opt = build_parser().parse_args(["-model", args.model, "-src", args.src, "-beam_size",
                                      str(args.beam_size), *shlex.split(args.extra)])
+    if opt.inter_threads != 1:
+        p.error("-inter_threads: batches run one at a time here, so operations do not overlap")
     torch.set_num_threads(args.threads)
     translator = build_translator(vars(opt))
     with open(args.src, encoding="utf-8") as f:
@@ -74,16 +77,15 @@ def main(argv=None) -> dict:
         translator.translate(lines, batch_size=args.batch_size)
         profiled_wall = time.perf_counter() - start
     times = group_times(prof.events())
-    times["Python, dispatch, profiler"] = max(0.0, profiled_wall * args.threads
-                                              - sum(times.values()))
+    times["Python, dispatch, profiler"] = max(0.0, profiled_wall - sum(times.values()))
     total = sum(times.values())
     result = {"model": args.model, "lines": len(lines), "threads": args.threads,
               "options": args.extra, "wall_s": wall, "profiled_wall_s": profiled_wall,
-              "groups": {name: {"cpu_s": s, "share": s / total} for name, s in times.items()}}
+              "groups": {name: {"seconds": s, "share": s / total} for name, s in times.items()}}
     print(f"{len(lines)} lines, {args.threads} thread(s): {wall:.2f} s "
           f"({profiled_wall:.2f} s under the profiler)")
     for name, value in result["groups"].items():
-        print(f"  {name:28} {value['cpu_s']:7.2f} s  {100 * value['share']:5.1f} %")
+        print(f"  {name:28} {value['seconds']:7.2f} s  {100 * value['share']:5.1f} %")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
