@@ -42,12 +42,15 @@ def _fp32(bias: Optional[torch.Tensor]) -> Optional[nn.Parameter]:
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
     """x (..., in) fp32 times weight (out, in) bf16, in bf16; returns fp32 (..., out)."""
-    flat = x.reshape(-1, x.size(-1))
+    blocks = [_block_product(b, weight) for b in x.reshape(-1, x.size(-1)).split(MAX_ROWS)]
+    out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    out = out.view(*x.shape[:-1], out.size(-1))
+    return out if bias is None else out + bias
+
+
+def _block_product(flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(rows, in) fp32, rows <= MAX_ROWS, padded to a multiple of ROW_MULTIPLE for the product."""
     rows = flat.size(0)
-    if rows > MAX_ROWS:  # the encoder's products: (sentences x words) rows
-        out = torch.cat([_product(block, weight, None) for block in flat.split(MAX_ROWS)])
-        out = out.view(*x.shape[:-1], out.size(-1))
-        return out if bias is None else out + bias
     if rows % ROW_MULTIPLE:
         padded = flat.new_empty((-(-rows // ROW_MULTIPLE) * ROW_MULTIPLE, flat.size(1)),
                                 dtype=torch.bfloat16)
@@ -55,9 +58,7 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
         padded[rows:] = 0
     else:
         padded = flat.to(torch.bfloat16)
-    out = _linear(padded, weight)[:rows].float()
-    out = out.view(*x.shape[:-1], out.size(-1))
-    return out if bias is None else out + bias
+    return _linear(padded, weight)[:rows].float()
 
 
 class Bfloat16Linear(nn.Module):
