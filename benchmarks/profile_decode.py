@@ -12,11 +12,13 @@ Batches run one at a time (with -inter_threads the operations of two threads wou
 import argparse
 import json
 import shlex
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from onmt_lite.cli.translate import build_parser
+from onmt_lite.translate.translator import build_translator
 
 GROUPS = {  # operation name -> group; anything else is "other operations"
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
@@ -45,7 +47,7 @@ def group_times(events) -> dict:
     return times
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("-model", required=True)
@@ -56,10 +58,6 @@ def main(argv=None) -> dict:
     p.add_argument("-extra", default="", help='translate.py options: -extra="-precision bf16"')
     p.add_argument("-json", help="also write the results here")
     args = p.parse_args(argv)
-
-    from onmt_lite.cli.translate import build_parser
-    from onmt_lite.translate.translator import build_translator
-
     opt = build_parser().parse_args(["-model", args.model, "-src", args.src, "-beam_size",
                                      str(args.beam_size), *shlex.split(args.extra)])
     if opt.inter_threads != 1:
@@ -67,7 +65,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     translator = build_translator(vars(opt))
     with open(args.src, encoding="utf-8") as f:
-        lines = f.read().split("\n")[:-1]
+        lines = f.read().splitlines()
     translator.translate(lines[:64], batch_size=args.batch_size)
     start = time.perf_counter()
     translator.translate(lines, batch_size=args.batch_size)
@@ -89,8 +87,7 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
-    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()
