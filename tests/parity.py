@@ -307,7 +307,7 @@ def compare(case: Case, model: str, results: dict) -> dict:
     return report
 
 
-def _close(a, b, tol=2e-6) -> bool:
+def _close(a, b, tol=5e-6) -> bool:  # other CPUs' products differ by a few 1e-6
     return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
 
 

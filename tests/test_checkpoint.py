@@ -471,7 +471,11 @@ def test_onmt_py_position_table_equals_sinusoidal_table():
     for side in ("encoder", "decoder"):
         table = data["model"][f"{side}.embeddings.make_embedding.pe.pe"]
         assert table.shape == (5000, 1, 256)
-        torch.testing.assert_close(table[:, 0], sinusoidal_table(5000, 256), atol=1e-6, rtol=0)
+        # float32 rounds position * frequency to 2^-23 of the position: CPUs whose sin/cos or
+        # products round differently agree to a few units of that, growing with the position
+        ours = sinusoidal_table(5000, 256)
+        tolerance = 1e-6 + 2.5e-7 * torch.arange(5000.0).unsqueeze(1)
+        assert bool(((table[:, 0] - ours).abs() <= tolerance).all())
 
 
 @pytest.mark.parametrize("name, model_type", [("transformer.pt", "transformer"),
