@@ -285,3 +285,62 @@ def test_training_with_no_usable_example_is_refused(toy_task, monkeypatch):
     config, _ = toy_task("rnn", train_steps=5, max_len=1)  # every sentence has 2-5 words
     with pytest.raises(ValueError):
         train(config, progress=False)
+
+
+# -- the shipped model's shape ---------------------------------------------------------------
+SHIPPED_RECIPE = os.path.join(ROOT, "configs", "transformer_multi30k.yaml")
+SHAPE_KEYS = ("model_type", "enc_layers", "dec_layers", "hidden_size", "word_vec_size", "heads",
+              "transformer_ff", "dropout", "attention_dropout", "share_decoder_embeddings",
+              "param_init_glorot", "label_smoothing", "adam_beta1", "adam_beta2")
+
+
+def shipped_shape() -> dict:
+    import yaml
+    with open(SHIPPED_RECIPE, encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    return {key: recipe[key] for key in SHAPE_KEYS}
+
+
+def test_the_shipped_shape_trains_and_its_loss_goes_down(toy_task, tmp_path):
+    """3 encoder and 3 decoder layers of 256, as the shipped model: the in-place self-attention
+    cache must stay off the training path (a multi-layer decoder once failed at step 1)."""
+    shape = shipped_shape()
+    assert shape["dec_layers"] >= 3
+    config, _ = toy_task(**shape, train_steps=24, report_every=4, valid_steps=24,
+                         learning_rate=3e-4, decay_method="none", threads=2,
+                         log_file=str(tmp_path / "logs" / "train.log"),
+                         save_model=str(tmp_path / "new" / "folder" / "model"))
+    last = train(config, progress=False)  # both folders are created
+    assert last == str(tmp_path / "new" / "folder" / "model_step_24.pt")
+    reports = re.findall(r"step (\d+)/24; acc [\d.]+; ppl ([\d.]+)",
+                         (tmp_path / "logs" / "train.log").read_text())
+    ppl = [float(p) for _, p in reports]
+    assert len(ppl) == 6 and ppl[-1] < 0.5 * ppl[0], ppl
+    assert load_checkpoint(last).opt["dec_layers"] == shape["dec_layers"]
+
+
+def test_teacher_forcing_with_autograd_equals_the_cached_forward(src_vocab, tgt_vocab,
+                                                                 padded_batch):
+    opt = {**shipped_shape(), "hidden_size": 32, "word_vec_size": 32, "transformer_ff": 64,
+           "dropout": 0.0, "attention_dropout": 0.0}
+    torch.manual_seed(0)
+    model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad, tgt_vocab.pad)
+    src, src_len, tgt = padded_batch
+    model.train()
+    log_probs, attn = model(src, src_len, tgt)
+    log_probs.sum().backward()  # the gradient reaches every decoder layer
+    assert all(layer.self_attn.linear_query.weight.grad is not None
+               for layer in model.decoder.layers)
+    with torch.no_grad():
+        cached, cached_attn = model(src, src_len, tgt)
+    torch.testing.assert_close(log_probs, cached)
+    torch.testing.assert_close(attn, cached_attn)
+
+
+def test_incremental_steps_under_autograd_are_refused(transformer_model, padded_batch):
+    src, src_len, tgt = padded_batch
+    memory, final = transformer_model.encode(src, src_len)
+    transformer_model.decoder.init_state(src_len, memory, final)
+    transformer_model.decoder.step(tgt[:, 0])
+    with pytest.raises(RuntimeError, match="no_grad"):
+        transformer_model.decoder.step(tgt[:, 1])

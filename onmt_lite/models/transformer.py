@@ -105,15 +105,19 @@ class DecoderLayer(nn.Module):
         self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, cache: KVCache, index: int, self_mask, mem_kv, src_mask, group: int):
+    def forward(self, x, cache: Optional[KVCache], index: int, self_mask, mem_kv, src_mask,
+                group: int):
         """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv`` (one row per
         ``group`` rows of x).
 
-        Writes its keys/values into layer ``index`` of ``cache``; returns the output (B, T, H)
-        and the context attention (B / group, h, group * T, S).
+        Writes its keys/values into layer ``index`` of ``cache`` (without a cache, x is the whole
+        sequence); returns the output (B, T, H) and the context attention (B / group, h,
+        group * T, S).
         """
         normed = self.layer_norm_1(x)
-        keys, values = cache.append(index, *self.self_attn.project_kv(normed))
+        keys, values = self.self_attn.project_kv(normed)
+        if cache is not None:
+            keys, values = cache.append(index, keys, values)
         self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
         query = self.dropout(self_out) + x
         ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask,
@@ -164,10 +168,18 @@ class TransformerDecoder(nn.Module):
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
 
         Self-attention is causal over the cached prefix and ``tgt``; the cache grows by T.
+        Under autograd (training) ``tgt`` must be the whole sequence and the cache is left out:
+        its in-place writes would overwrite what the backward pass needs.
         """
-        s, cache, length = self.state, self.cache, tgt.size(1)
-        cache.reserve(length)
-        x = self.embeddings(cache.to_buffer(tgt), start=self.position)
+        s, length = self.state, tgt.size(1)
+        cache = None if torch.is_grad_enabled() else self.cache
+        if cache is None and self.position > 0:
+            raise RuntimeError("incremental decoding (a step after the first) needs "
+                               "torch.no_grad() or torch.inference_mode()")
+        if cache is not None:
+            cache.reserve(length)
+            tgt = cache.to_buffer(tgt)
+        x = self.embeddings(tgt, start=self.position)
         total = self.position + length
         self_mask = None if length == 1 else torch.ones(  # True above the diagonal = future
             length, total, dtype=torch.bool, device=tgt.device).triu_(self.position + 1)
@@ -175,10 +187,12 @@ class TransformerDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
             x, attn = layer(x, cache, i, self_mask, memory_kv, s["src_mask"], self.group)
-        cache.advance(length)
         self.position = total
         # head 0 of the last layer's context attention, as OpenNMT-py reports
         attn = attn[:, 0].reshape(tgt.size(0), length, -1)
+        if cache is None:
+            return self.layer_norm(x), attn
+        cache.advance(length)
         return cache.from_buffer(self.layer_norm(x)), cache.from_buffer(attn)
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

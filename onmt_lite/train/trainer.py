@@ -103,6 +103,12 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
     if unknown:
         raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
     opt = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS, **config}
+    for path in (opt["save_model"], opt["log_file"]):  # their folders, e.g. runs/transformer/
+        if path and os.path.dirname(path):
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            except OSError as err:
+                raise ValueError(f"{os.path.dirname(path)}: cannot create: {err.strerror}") from None
     file_handler = _setup_logging(opt["log_file"])
     try:
         return _train(opt, device, progress)
