@@ -5,12 +5,23 @@ from onmt_lite.cli import convert, evaluate, train, translate
 
 COMMANDS = {"translate": translate.main, "train": train.main, "evaluate": evaluate.main,
             "convert": convert.main}
+USAGE = f"""usage: python -m onmt_lite {{{','.join(COMMANDS)}}} [options]
+
+  translate   translate a file with a checkpoint (the same as translate.py)
+  train       train a model from a YAML config
+  evaluate    BLEU and chrF of a translation against references
+  convert     write an OpenNMT-py checkpoint as a native one
+
+python -m onmt_lite COMMAND -h shows a command's options."""
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m onmt_lite {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     return COMMANDS[argv[0]](argv[1:])
 

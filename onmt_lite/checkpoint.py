@@ -70,9 +70,41 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
+TORCH_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; the legacy pickle format
+
+
+def _what_it_is(head: bytes) -> str:
+    """What a file holds, from its first bytes, for error messages."""
+    if not head:
+        return "an empty file"
+    if head.startswith(TORCH_MAGIC):
+        return "a truncated or corrupt torch file"
+    if head[8:10] == b'{"':  # 8-byte header size, then a JSON header
+        return "a safetensors file (weights without the model's options and vocabularies)"
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError as err:
+        return "a text file" if err.start > len(head) - 4 else "a binary file of unknown format"
+
+
+def _not_a_checkpoint(path: str, head: bytes, detail: str = "") -> CheckpointError:
+    return CheckpointError(f"{path}: not a checkpoint: {_what_it_is(head)}, where a torch .pt "
+                           f"file was expected{detail}")
+
+
 def _read(path: str) -> dict:
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path}: is a directory; expected a checkpoint file (.pt)")
+    if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read: {err.strerror}") from None
+    if not head.startswith(TORCH_MAGIC):
+        raise _not_a_checkpoint(path, head)
     try:
         # argparse.Namespace is the one class allowed: OpenNMT-py stores its options in one.
         with torch.serialization.safe_globals([argparse.Namespace]):
@@ -85,8 +117,7 @@ def _read(path: str) -> dict:
         raise CheckpointError(f"{path}: refused, the file holds more than plain data "
                               f"({blocked[0]})") from None
     except Exception as err:  # torch raises many kinds on truncated or foreign files
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
-                              f"{_first_line(err)})") from None
+        raise _not_a_checkpoint(path, head, f" ({_first_line(err).split('. ')[0]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a checkpoint (a {type(data).__name__}, not a dict)")
     return data

@@ -2,6 +2,8 @@
 import sys
 from typing import Iterable, Iterator, List, Optional, Union
 
+BOM = "\ufeff".encode("utf-8")
+
 
 class InputError(ValueError):
     """Bad input: the message names the file, the line and the problem."""
@@ -20,6 +22,8 @@ def iter_lines(path: str) -> Iterator[str]:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
     try:
         for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(BOM):  # a byte-order mark is not part of a word
+                raw = raw[len(BOM):]
             try:
                 yield raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
             except UnicodeDecodeError as err:

@@ -1,6 +1,7 @@
 """Vocabulary: token <-> id, built from a tokenized training file."""
+import string
 from collections import Counter
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from onmt_lite.constants import BOS, EOS, PAD, SPECIALS, UNK
 
@@ -53,3 +54,30 @@ class Vocab:
             tokens.append(f"averyunlikelytoken{filler}")
             filler += 1
         return cls(tokens)
+
+
+UNKNOWN_SHARE_WARNING = 0.10  # warn when this share of source tokens (or more) is unknown
+
+
+def unknown_tokens_warning(vocab: Vocab, lines: Sequence[Sequence[str]]) -> Optional[str]:
+    """A warning naming the likely cause when many of ``lines``' tokens are unknown to
+    ``vocab``, as when raw text meets a model of lowercased, tokenized words; else None."""
+    tokens = [tok for line in lines for tok in line]
+    unknown = [tok for tok in tokens if tok not in vocab.stoi]
+    if len(unknown) < 2 or len(unknown) < UNKNOWN_SHARE_WARNING * len(tokens):
+        return None
+    causes = []
+    lowercased = not any(c.isupper() for tok in vocab.itos for c in tok)
+    cased = sum(tok.lower() in vocab.stoi for tok in unknown)
+    if lowercased and cased:
+        causes.append(f"the model's vocabulary is lowercased but {cased} of them are known in "
+                      "lower case")
+    glued = sum(tok.strip(string.punctuation) in vocab.stoi
+                and tok.strip(string.punctuation) != tok for tok in unknown)
+    if glued:
+        causes.append(f"{glued} of them are known words with punctuation attached: the input "
+                      "looks untokenized")
+    cause = "; ".join(causes) if causes else (
+        "the input may lack the tokenization or subword segmentation the model was trained on")
+    return (f"{len(unknown)} of {len(tokens)} source tokens ({len(unknown) / len(tokens):.0%}) "
+            f"are not in the model's vocabulary and become <unk>: {cause}")

@@ -8,6 +8,7 @@ import yaml
 
 from onmt_lite.constants import SPECIALS
 from onmt_lite.models import build_model
+from onmt_lite.train.trainer import train
 from onmt_lite.vocab import Vocab
 
 torch.set_num_threads(1)
@@ -166,3 +167,37 @@ def toy_task(tmp_path):
 def toy_task_factory():
     """write_toy_task itself, for module-scoped fixtures that train once."""
     return write_toy_task
+
+
+# -- a tiny trained model for the command-line tests ------------------------------------------
+WORDS = ["red", "blue", "green", "cat", "dog", "bird", "runs", "sits", "big", "small"]
+# The toy task: German-ish "translation" = the same words upper-cased.
+
+
+def _lines(rng, n):
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(n)]
+    return src, [line.upper() for line in src]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny Transformer trained for a few hundred steps on the upper-casing task."""
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("tiny")
+    rng = random.Random(7)
+    for name, n in (("train", 2000), ("valid", 50)):
+        src, tgt = _lines(rng, n)
+        (folder / f"{name}.src").write_text("\n".join(src) + "\n")
+        (folder / f"{name}.tgt").write_text("\n".join(tgt) + "\n")
+    config = {
+        "data": {"corpus_1": {"path_src": str(folder / "train.src"),
+                              "path_tgt": str(folder / "train.tgt")},
+                 "valid": {"path_src": str(folder / "valid.src"),
+                           "path_tgt": str(folder / "valid.tgt")}},
+        "model_type": "transformer", "enc_layers": 1, "dec_layers": 1, "hidden_size": 32,
+        "word_vec_size": 32, "heads": 2, "transformer_ff": 64, "dropout": 0.0,
+        "attention_dropout": 0.0, "batch_size": 400, "train_steps": 300, "valid_steps": 300,
+        "save_checkpoint_steps": 300, "learning_rate": 2.0, "warmup_steps": 100,
+        "save_model": str(folder / "model"), "report_every": 100,
+    }
+    return train(config, progress=False)

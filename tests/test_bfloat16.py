@@ -5,8 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from onmt_lite.models.bfloat16 import (Bfloat16GRUCell, Bfloat16Linear, Bfloat16LSTMCell,
-                                       has_bf16_units, to_bfloat16)
+from onmt_lite.models.bfloat16 import (
+    Bfloat16GRUCell,
+    Bfloat16Linear,
+    Bfloat16LSTMCell,
+    has_bf16_units,
+    to_bfloat16,
+)
 from onmt_lite.models.model import for_inference
 
 TOLERANCE = 2e-2  # bf16 keeps 8 significant bits; these products sum 16-32 terms

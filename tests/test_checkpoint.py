@@ -123,7 +123,7 @@ def test_missing_file(tmp_path):
 
 
 def test_a_folder_is_not_a_checkpoint(tmp_path):
-    refused(tmp_path, "no such checkpoint file")
+    refused(tmp_path, "is a directory; expected a checkpoint file")
 
 
 def test_truncated_file(transformer_model, src_vocab, tgt_vocab, checkpoint_path):
@@ -132,27 +132,29 @@ def test_truncated_file(transformer_model, src_vocab, tgt_vocab, checkpoint_path
         data = f.read()
     with open(checkpoint_path, "wb") as f:
         f.write(data[:len(data) // 2])
-    refused(checkpoint_path, "not a readable checkpoint")
+    refused(checkpoint_path, "not a checkpoint: a truncated or corrupt torch file")
 
 
 # Files that are not checkpoints: torch raises many kinds of errors on them (EOFError with an
 # empty message, IndexError from the unpickler...); each must become a CheckpointError.
-GARBAGE = {
-    "empty": b"",
-    "text": b"this is not a checkpoint\n",
-    "yaml": b"model: x\n",
-    "newline": b"\n",
-    "zip-magic": b"PK\x03\x04" + bytes(50),
-    "random": bytes(range(256)) * 4,
-    "legacy-pickle-int": b"\x80\x02K\x05.",
+GARBAGE = {  # name: (bytes, what the message says the file is)
+    "empty": (b"", "an empty file"),
+    "text": (b"this is not a checkpoint\n", "a text file"),
+    "yaml": (b"model: x\n", "a text file"),
+    "newline": (b"\n", "a text file"),
+    "zip-magic": (b"PK\x03\x04" + bytes(50), "a truncated or corrupt torch file"),
+    "random": (bytes(range(256)) * 4, "a binary file of unknown format"),
+    "safetensors": (b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"a": 1}        ',
+                    "a safetensors file"),
+    "legacy-pickle-int": (b"\x80\x02K\x05.", "a truncated or corrupt torch file"),
 }
 
 
-@pytest.mark.parametrize("data", list(GARBAGE.values()), ids=list(GARBAGE))
-def test_garbage_file(tmp_path, data):
+@pytest.mark.parametrize("data, what", list(GARBAGE.values()), ids=list(GARBAGE))
+def test_garbage_file(tmp_path, data, what):
     path = tmp_path / "garbage.pt"
     path.write_bytes(data)
-    refused(path)
+    refused(path, what)
 
 
 def test_non_dict_payload(tmp_path):

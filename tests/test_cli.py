@@ -1,50 +1,16 @@
 """translate.py end to end: a tiny model trained here, and the shipped model on the demo lines."""
 import json
 import os
-import random
 import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 
 from onmt_lite.cli import translate as translate_cli
-from onmt_lite.train.trainer import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "data", "multi30k_en_de.pt")
-WORDS = ["red", "blue", "green", "cat", "dog", "bird", "runs", "sits", "big", "small"]
-# The toy task: German-ish "translation" = the same words upper-cased.
-
-
-def _lines(rng, n):
-    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(n)]
-    return src, [line.upper() for line in src]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A tiny Transformer trained for a few hundred steps on the upper-casing task."""
-    torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("tiny")
-    rng = random.Random(7)
-    for name, n in (("train", 2000), ("valid", 50)):
-        src, tgt = _lines(rng, n)
-        (folder / f"{name}.src").write_text("\n".join(src) + "\n")
-        (folder / f"{name}.tgt").write_text("\n".join(tgt) + "\n")
-    config = {
-        "data": {"corpus_1": {"path_src": str(folder / "train.src"),
-                              "path_tgt": str(folder / "train.tgt")},
-                 "valid": {"path_src": str(folder / "valid.src"),
-                           "path_tgt": str(folder / "valid.tgt")}},
-        "model_type": "transformer", "enc_layers": 1, "dec_layers": 1, "hidden_size": 32,
-        "word_vec_size": 32, "heads": 2, "transformer_ff": 64, "dropout": 0.0,
-        "attention_dropout": 0.0, "batch_size": 400, "train_steps": 300, "valid_steps": 300,
-        "save_checkpoint_steps": 300, "learning_rate": 2.0, "warmup_steps": 100,
-        "save_model": str(folder / "model"), "report_every": 100,
-    }
-    return train(config, progress=False)
 
 
 def _run(args, capsys=None):
@@ -270,3 +236,73 @@ def test_input_is_streamed_in_shards(tiny_model, tmp_path, capsys):
                      "-shard_size", 4]) == 1
         assert f"tgt.txt: has {n_tgt} lines but the source has 20" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# -- progress bar, byte-order mark, unknown words ------------------------------------------
+def _translate_process(tiny_model, src, *extra):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "translate.py"), "-model", tiny_model, "-src", src,
+         "-output", "-", *map(str, extra)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_progress_bar_only_where_asked_or_on_a_terminal(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red cat\nbig dog runs\n" * 20)
+    piped = _translate_process(tiny_model, src, "-batch_size", 4)  # stderr is not a terminal
+    assert piped.returncode == 0 and "translate:" not in piped.stderr
+    asked = _translate_process(tiny_model, src, "-batch_size", 4, "-progress", "-verbose")
+    assert asked.returncode == 0 and "translate:" in asked.stderr
+    # every log record starts its own line, none is glued to the bar
+    starts = [i for i in range(len(asked.stderr)) if asked.stderr.startswith("[20", i)]
+    assert len(starts) > 40 and all(i == 0 or asked.stderr[i - 1] in "\r\n" for i in starts)
+    assert "red cat" not in asked.stdout and asked.stdout.count("\n") == 40
+    both = _translate_process(tiny_model, src, "-progress", "-no_progress")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_no_progress_turns_the_bar_off(tiny_model, tmp_path, monkeypatch):
+    from onmt_lite.translate.translator import Translator
+    shown = []
+    original = Translator.translate_batches
+
+    def recording(self, src, tgt=None, batch_size=30, progress=False, **kwargs):
+        shown.append(progress)
+        return original(self, src, tgt, batch_size, progress, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_batches", recording)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
+    src = tmp_path / "in.txt"
+    src.write_text("red cat\n")
+    for flags, expected in (([], True), (["-no_progress"], False)):
+        assert _run(["-model", tiny_model, "-src", src, "-output", tmp_path / "o", *flags]) == 0
+        assert shown.pop() is expected
+
+
+def test_byte_order_mark_is_not_glued_to_the_first_word(tiny_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes("\ufeffred cat runs\n\ufeffbig dog\n".encode("utf-8"))
+    out = tmp_path / "out.txt"
+    assert _run(["-model", tiny_model, "-src", src, "-output", out]) == 0
+    first, second = out.read_text().split("\n")[:2]
+    assert first == "RED CAT RUNS"  # only the file's first line can carry a byte-order mark
+    assert second != "BIG DOG"
+
+
+def test_many_unknown_words_warn_once_with_the_likely_cause(tiny_model, tmp_path, caplog):
+    src = tmp_path / "in.txt"
+    src.write_text("Red cat runs.\nBig dog sits.\n" * 3)
+    with caplog.at_level("WARNING", logger="onmt_lite"):
+        assert _run(["-model", tiny_model, "-src", src, "-output", tmp_path / "o",
+                     "-shard_size", 2]) == 0
+    warnings = [r.getMessage() for r in caplog.records if "vocabulary" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    # measured on the first shard (2 lines): "Red", "Big" and "runs.", "sits." are unknown
+    assert warnings[0].startswith("4 of 6 source tokens (67%) are not in the model's vocabulary")
+    assert "vocabulary is lowercased but 2 of them are known in lower case" in warnings[0]
+    assert "2 of them are known words with punctuation attached: the input looks untokenized" \
+        in warnings[0]
+    caplog.clear()
+    src.write_text("red cat runs\nbig dog sits\n")
+    with caplog.at_level("WARNING", logger="onmt_lite"):
+        assert _run(["-model", tiny_model, "-src", src, "-output", tmp_path / "o"]) == 0
+    assert "vocabulary" not in caplog.text

@@ -3,11 +3,11 @@ import argparse
 import sys
 
 from onmt_lite.checkpoint import CheckpointError, load_model, save_checkpoint
-from onmt_lite.cli.options import add
+from onmt_lite.cli.options import Parser, add
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onmt_lite_convert", description=__doc__)
+    parser = Parser(prog="onmt_lite_convert", description=__doc__)
     add(parser, "model", required=True, help="OpenNMT-py (or onmt_lite) checkpoint")
     add(parser, "output", required=True, help="native onmt_lite checkpoint to write")
     add(parser, "half", action="store_true", help="store weights in fp16 (loaded back as fp32)")

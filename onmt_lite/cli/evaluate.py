@@ -3,13 +3,13 @@ import argparse
 import json
 import sys
 
-from onmt_lite.cli.options import add
+from onmt_lite.cli.options import Parser, add
 from onmt_lite.corpus import InputError
 from onmt_lite.evaluate import evaluate_files
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onmt_lite_evaluate", description=__doc__)
+    parser = Parser(prog="onmt_lite_evaluate", description=__doc__)
     add(parser, "hyp", required=True, help="hypothesis file (e.g. translate.py -output)")
     add(parser, "ref", required=True, nargs="+", help="one or more reference files")
     add(parser, "tokenize", default="13a", choices=["none", "13a", "intl"],

@@ -1,8 +1,58 @@
-"""Option plumbing shared by the commands: ``-name`` and ``--name`` forms, YAML ``-config``."""
+"""Option plumbing shared by the commands: ``-name`` and ``--name`` forms, typed and
+range-checked values whatever their source (command line or YAML ``-config``), one-line errors."""
 import argparse
+import sys
 from typing import List, Optional
 
 import yaml
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose help shows the defaults and whose errors take one line."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message} (-h for help)\n")
+        sys.exit(2)
+
+
+class Bounded:
+    """An argparse ``type`` that parses a number and checks its range; also given YAML values,
+    which must already be of the right kind (``2.5`` is not an integer, ``true`` not a number)."""
+
+    def __init__(self, kind: type, low=None, high=None, above=None):
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+        self.__name__ = kind.__name__  # argparse names the type in some messages
+
+    def __call__(self, value):
+        what = "an integer" if self.kind is int else "a number"
+        if isinstance(value, str):
+            try:
+                value = self.kind(value)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        kinds = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
+        value = self.kind(value)
+        if self.low is not None and value < self.low:
+            raise argparse.ArgumentTypeError(f"must be at least {self.low}, got {value}")
+        if self.high is not None and value > self.high:
+            raise argparse.ArgumentTypeError(f"must be at most {self.high}, got {value}")
+        if self.above is not None and value <= self.above:
+            raise argparse.ArgumentTypeError(f"must be more than {self.above}, got {value}")
+        return value
+
+
+def integer(low: Optional[int] = None, high: Optional[int] = None) -> Bounded:
+    return Bounded(int, low, high)
+
+
+def number(low: Optional[float] = None, high: Optional[float] = None,
+           above: Optional[float] = None) -> Bounded:
+    return Bounded(float, low, high, above)
 
 
 def add(group, name: str, **kwargs) -> None:
@@ -10,11 +60,33 @@ def add(group, name: str, **kwargs) -> None:
     group.add_argument(f"-{name}", f"--{name}", dest=name, **kwargs)
 
 
-def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]):
-    """Parses argv; values from ``-config FILE.yaml`` act as defaults that the command line overrides.
+def _config_value(action: argparse.Action, value):
+    """A YAML value checked as the command line would check it; raises ArgumentTypeError."""
+    if action.nargs == 0:  # a flag: store_true
+        if not isinstance(value, bool):
+            raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+        return value
+    if action.nargs in ("+", "*"):
+        values = value if isinstance(value, list) else [value]
+        return [_one_value(action, v) for v in values]
+    return _one_value(action, value)
 
-    Unknown keys in the YAML file are an error, as unknown options are.
-    """
+
+def _one_value(action: argparse.Action, value):
+    if action.type is not None:
+        value = action.type(value)
+    elif not isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"expected text, got {value!r}")
+    if action.choices is not None and value not in action.choices:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return value
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]):
+    """Parses argv; values from ``-config FILE.yaml`` act as defaults that the command line
+    overrides. Unknown keys and values of the wrong kind or range are errors, as on the command
+    line."""
     args = parser.parse_args(argv)
     if getattr(args, "config", None):
         try:
@@ -23,13 +95,21 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]
         except OSError as err:
             parser.error(f"{args.config}: cannot read: {err.strerror}")
         except yaml.YAMLError as err:
-            parser.error(f"{args.config}: not valid YAML: {err}")
+            parser.error(f"{args.config}: not valid YAML: {' '.join(str(err).split())}")
         if not isinstance(values, dict):
             parser.error(f"{args.config}: expected a mapping of option names to values")
-        known = {a.dest for a in parser._actions}
-        unknown = sorted(set(values) - known)
+        actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+        unknown = sorted(set(values) - set(actions) - {"config"})
         if unknown:
-            parser.error(f"{args.config}: unknown options: {', '.join(unknown)}")
-        parser.set_defaults(**values)
+            parser.error(f"{args.config}: unknown options: {', '.join(map(str, unknown))}")
+        checked = {}
+        for name, value in values.items():
+            if name == "config":
+                continue
+            try:
+                checked[name] = _config_value(actions[name], value)
+            except argparse.ArgumentTypeError as err:
+                parser.error(f"{args.config}: {name}: {err}")
+        parser.set_defaults(**checked)
         args = parser.parse_args(argv)
     return args

@@ -3,16 +3,17 @@ import argparse
 import contextlib
 import logging
 import math
-import os
 import sys
-import tempfile
 import time
 
 import torch
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from onmt_lite.checkpoint import CheckpointError
-from onmt_lite.cli.options import add, parse_with_config
+from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
+from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
+from onmt_lite.output import OutputError, OutputFile, check_output
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.translator import build_translator
 
@@ -20,7 +21,7 @@ logger = logging.getLogger("onmt_lite")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="translate.py", description=__doc__)
+    parser = Parser(prog="translate.py", description=__doc__)
     g = parser.add_argument_group("Model")
     add(g, "model", help="checkpoint (.pt): onmt_lite or OpenNMT-py 3.x")
     add(g, "config", help="YAML file of option values; the command line wins")
@@ -28,48 +29,60 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "src", help="source file, one tokenized sentence per line ('-': standard input)")
     add(g, "tgt", help="reference file: adds GOLD SCORE / GOLD PPL")
     add(g, "output", default="pred.txt", help="output file ('-': standard output)")
-    add(g, "batch_size", type=int, default=30, help="sentences (or tokens) per batch")
+    add(g, "batch_size", type=integer(1), default=30,
+        help="sentences (or tokens) per batch")
     add(g, "batch_type", default="sents", choices=["sents", "tokens"],
         help="what -batch_size counts: sentences, or padded source tokens")
-    add(g, "shard_size", type=int, default=10000,
+    add(g, "shard_size", type=integer(0), default=10000,
         help="lines read, sorted and batched at a time (0: the whole input)")
-    add(g, "src_seq_length_trunc", type=int, default=0,
+    add(g, "src_seq_length_trunc", type=integer(0), default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
     g = parser.add_argument_group("Beam search")
-    add(g, "beam_size", type=int, default=5, help="1 = greedy search")
-    add(g, "n_best", type=int, default=1, help="hypotheses written per input line")
-    add(g, "min_length", type=int, default=0, help="minimum number of words")
-    add(g, "max_length", type=int, default=250, help="maximum number of tokens")
-    add(g, "max_length_ratio", type=float, default=1.25,
+    add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
+    add(g, "n_best", type=integer(1), default=1,
+        help="hypotheses written per input line (at most -beam_size)")
+    add(g, "min_length", type=integer(0), default=0, help="minimum number of words")
+    add(g, "max_length", type=integer(1), default=250, help="maximum number of tokens")
+    add(g, "max_length_ratio", type=number(0), default=1.25,
         help="limit to padded batch source length * ratio + 5 (0: off)")
     add(g, "beam_engine", default="batch", choices=["batch", "sentence"],
         help="batch: all sentences advance together; sentence: one Beam per sentence")
-    add(g, "block_ngram_repeat", type=int, default=0, help="forbid repeating n-grams of this size")
+    add(g, "block_ngram_repeat", type=integer(0), default=0,
+        help="forbid repeating n-grams of this size (0: off)")
     add(g, "ignore_when_blocking", nargs="+", default=[], help="tokens exempt from blocking")
     add(g, "replace_unk", action="store_true",
         help="replace <unk> by the source word with the highest attention")
     g = parser.add_argument_group("Penalties")
-    add(g, "length_penalty", default="avg", choices=["none", "avg", "wu"])
-    add(g, "alpha", type=float, default=1.0, help="length penalty strength")
-    add(g, "coverage_penalty", default="none", choices=["none", "wu", "summary"])
-    add(g, "beta", type=float, default=0.0, help="coverage penalty strength")
+    add(g, "length_penalty", default="avg", choices=["none", "avg", "wu"],
+        help="none, avg (length^alpha) or wu (((5 + length) / 6)^alpha)")
+    add(g, "alpha", type=number(0), default=1.0, help="length penalty strength")
+    add(g, "coverage_penalty", default="none", choices=["none", "wu", "summary"],
+        help="penalty for source words the attention left uncovered")
+    add(g, "beta", type=number(0), default=0.0, help="coverage penalty strength")
     add(g, "stepwise_penalty", action="store_true", help="apply the coverage penalty every step")
     g = parser.add_argument_group("Random sampling")
-    add(g, "random_sampling_topk", type=int, default=0, help="sample among the k best (-1: all)")
-    add(g, "random_sampling_topp", type=float, default=0.0, help="nucleus sampling mass")
-    add(g, "random_sampling_temp", type=float, default=1.0, help="sampling temperature")
-    add(g, "seed", type=int, default=-1, help="random seed (-1: unseeded)")
+    add(g, "random_sampling_topk", type=integer(-1), default=0,
+        help="sample among the k best (-1: all; 0: no sampling)")
+    add(g, "random_sampling_topp", type=number(0, 1), default=0.0,
+        help="nucleus sampling mass (0: off)")
+    add(g, "random_sampling_temp", type=number(above=0), default=1.0,
+        help="sampling temperature")
+    add(g, "seed", type=integer(-1), default=-1, help="random seed (-1: unseeded)")
     g = parser.add_argument_group("Output and debugging")
     add(g, "with_score", action="store_true", help="append a tab and the score to each line")
     add(g, "verbose", action="store_true", help="log source, prediction and score per sentence")
     add(g, "attn_debug", action="store_true", help="log the attention matrix per sentence")
     add(g, "attn_dump", help="write source, prediction and attention as JSON lines")
     add(g, "report_time", action="store_true", help="log total time and tokens per second")
+    bar = g.add_mutually_exclusive_group()
+    add(bar, "progress", action="store_true",
+        help="show a progress bar even when standard error is not a terminal")
+    add(bar, "no_progress", action="store_true", help="never show a progress bar")
     g = parser.add_argument_group("Device")
-    add(g, "gpu", type=int, default=-1, help="GPU id (-1: CPU)")
-    add(g, "threads", type=int, default=0,
+    add(g, "gpu", type=integer(-1), default=-1, help="GPU id (-1: CPU)")
+    add(g, "threads", type=integer(0), default=0,
         help="torch intra-op threads (0: torch's default, shared among -inter_threads)")
-    add(g, "inter_threads", type=int, default=1,
+    add(g, "inter_threads", type=integer(1), default=1,
         help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
@@ -89,38 +102,9 @@ def _summary(name: str, total: float, count: int) -> str:
     return f"{name} SCORE: {score:.4f}, {name} PPL: {ppl:.2f} NB SENTENCES: {count}"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-class AtomicOutput:
-    """Writes to a temporary file beside the target and moves it into place only on success."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        if self.path == "-":
-            return sys.stdout
-        folder = os.path.dirname(os.path.abspath(self.path))
-        fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-",
-                                        suffix=os.path.basename(self.path))
-        self.file = os.fdopen(fd, "w", encoding="utf-8")
-        return self.file
-
-    def __exit__(self, exc_type, exc, tb):
-        if self.path == "-":
-            sys.stdout.flush()
-            return False
-        self.file.close()
-        if exc_type is None:
-            os.chmod(self.tmp, 0o666 & ~_umask())
-            os.replace(self.tmp, self.path)
-        else:
-            os.remove(self.tmp)
-        return False
+def _shows_progress(args) -> bool:
+    """A progress bar on a terminal, or where asked for; never with -no_progress."""
+    return not args.no_progress and (args.progress or sys.stderr.isatty())
 
 
 def run(args) -> None:
@@ -132,10 +116,11 @@ def run(args) -> None:
     start = time.time()
     pred_total = gold_total = 0.0
     count = words = 0
-    dump_file = AtomicOutput(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
-    with AtomicOutput(args.output) as out, dump_file as dump:
+    dump_file = OutputFile(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
+    # log lines go above the progress bar, not onto its line
+    with OutputFile(args.output) as out, dump_file as dump, logging_redirect_tqdm():
         for trans in translator.translate_iter(args.src, args.tgt, args.batch_size,
-                                               not args.verbose, args.batch_type,
+                                               _shows_progress(args), args.batch_type,
                                                args.shard_size):
             out.write("".join(line + "\n" for line in trans.output_lines(args.with_score)))
             count += 1
@@ -166,11 +151,21 @@ def main(argv=None) -> int:
     args = parse_with_config(parser, argv)
     if not args.model or not args.src:
         parser.error("-model and -src are required (on the command line or in -config)")
+    if args.progress and args.no_progress:
+        parser.error("-progress and -no_progress exclude each other")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[%(asctime)s %(levelname)s] %(message)s")
     try:
-        run(args)
-    except (CheckpointError, InputError, ValueError) as err:
+        with stop_on_signals():
+            for path in (args.output, args.attn_dump):  # before the model loads
+                if path:
+                    check_output(path)
+            run(args)
+    except Stopped as stop:
+        kept = "" if args.output == "-" else f"; {args.output} is left as it was"
+        print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
+        return stop.exit_status
+    except (CheckpointError, InputError, OutputError, ValueError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from onmt_lite.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
 from onmt_lite.corpus import read_parallel
@@ -111,7 +112,8 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
                 raise ValueError(f"{os.path.dirname(path)}: cannot create: {err.strerror}") from None
     file_handler = _setup_logging(opt["log_file"])
     try:
-        return _train(opt, device, progress)
+        with logging_redirect_tqdm(loggers=[logger]):  # log lines above the bar, not on it
+            return _train(opt, device, progress)
     finally:
         if file_handler is not None:
             logger.removeHandler(file_handler)

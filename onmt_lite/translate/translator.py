@@ -19,6 +19,7 @@ from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
 from onmt_lite.translate.greedy import Hypothesis, Sampler, greedy_search
 from onmt_lite.translate.translation import Translation
+from onmt_lite.vocab import unknown_tokens_warning
 
 logger = logging.getLogger("onmt_lite")
 
@@ -137,11 +138,15 @@ class Translator:
             raise ValueError("-batch_type must be sents or tokens")
         if shard_size < 0:
             raise ValueError("-shard_size must be 0 (no shards) or more")
-        number = 0
+        number, warned = 0, False
         with tqdm(disable=not progress, desc="translate", unit="sent", leave=False) as bar:
             for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
                 src_tokens = [self._source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
+                warning = None if warned else unknown_tokens_warning(self.src_vocab, src_tokens)
+                if warning:
+                    logger.warning(warning)
+                    warned = True
                 tgt_tokens = [line.split() for line in tgt_lines] if tgt is not None else None
                 batches = []
                 for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
@@ -356,14 +361,27 @@ def _get(opt, name, default=None):
     return opt.get(name, default) if isinstance(opt, dict) else getattr(opt, name, default)
 
 
+def _device(gpu: Optional[int]) -> str:
+    """"cpu" for gpu -1 (or None), else "cuda:N"; refuses a GPU this machine does not have."""
+    if gpu is None or gpu < 0:
+        return "cpu"
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA support" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        raise ValueError(f"-gpu {gpu}: {why} (-gpu -1 translates on the CPU)")
+    count = torch.cuda.device_count()
+    if gpu >= count:
+        raise ValueError(f"-gpu {gpu}: this machine has {count} GPU(s), ids 0 to {count - 1}")
+    return f"cuda:{gpu}"
+
+
 def build_translator(opt) -> Translator:
     """Loads ``opt.model`` (native or OpenNMT-py 3.x) and returns a Translator.
 
     ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision``,
     ``inter_threads`` and any DecodingOptions field.
     """
-    gpu = _get(opt, "gpu", -1)
-    device = f"cuda:{gpu}" if gpu is not None and gpu >= 0 else "cpu"
+    device = _device(_get(opt, "gpu", -1))
     model, ckpt = load_model(_get(opt, "model"), device)
     src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
     del ckpt  # its weights are in the model now: free them before quantising, not after

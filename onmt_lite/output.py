@@ -1,0 +1,111 @@
+"""Writing output files so that a failure never leaves half a file in place of a good one.
+
+A regular file (or a new one) is written to a temporary file beside it and renamed over it only
+on success, keeping the old file's permissions. A symbolic link is followed and its target
+written that way, so the link stays a link. Anything else that is not a regular file (a FIFO,
+``/dev/null``, a terminal) cannot be replaced: it is written through. ``-`` is standard output.
+"""
+import os
+import stat
+import sys
+import tempfile
+from typing import Optional, TextIO
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written; the message names the path the user gave."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def check_output(path: str) -> None:
+    """Raises OutputError unless ``path`` can be written as OutputFile writes it: called before
+    the model loads, so that a wrong path costs nothing."""
+    if path == "-":
+        return
+    real = os.path.realpath(path)
+    st = _stat(real)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{path}: is a directory, not a file")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not os.access(real, os.W_OK):
+            raise OutputError(f"{path}: cannot write: permission denied")
+        return  # written through
+    if st is not None and not (st.st_mode & 0o222 and os.access(real, os.W_OK)):
+        raise OutputError(f"{path}: the file is read-only (mode {stat.S_IMODE(st.st_mode):o}); "
+                          "not overwritten")
+    folder = os.path.dirname(real)
+    if not os.path.isdir(folder):
+        raise OutputError(f"{path}: the folder {os.path.dirname(os.path.abspath(path))} "
+                          "does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: cannot write in the folder {folder}: permission denied")
+
+
+class OutputFile:
+    """Context manager giving a text file to write; see the module docstring.
+
+    On success the output appears whole; on an exception (KeyboardInterrupt included) a
+    regular file is left as it was and no temporary file remains. OS errors become
+    OutputError naming ``path``.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.file: Optional[TextIO] = None
+        self.tmp: Optional[str] = None
+
+    def __enter__(self) -> TextIO:
+        if self.path == "-":
+            return sys.stdout
+        check_output(self.path)
+        self.target = os.path.realpath(self.path)
+        st = _stat(self.target)
+        try:
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                self.file = open(self.target, "w", encoding="utf-8")
+                return self.file
+            self.mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
+            fd, self.tmp = tempfile.mkstemp(dir=os.path.dirname(self.target), prefix=".tmp-",
+                                            suffix="-" + os.path.basename(self.target))
+            self.file = os.fdopen(fd, "w", encoding="utf-8")
+        except OSError as err:
+            self._discard()
+            raise OutputError(f"{self.path}: cannot write: {err.strerror}") from None
+        return self.file
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.path == "-":
+            sys.stdout.flush()
+            return False
+        try:
+            self.file.close()
+            if exc_type is None and self.tmp is not None:
+                os.chmod(self.tmp, self.mode)
+                os.replace(self.tmp, self.target)
+                self.tmp = None
+        except OSError as err:
+            if exc_type is None:
+                raise OutputError(f"{self.path}: cannot write: {err.strerror}") from None
+        finally:
+            self._discard()
+        return False
+
+    def _discard(self) -> None:
+        if self.tmp is not None:
+            try:
+                os.remove(self.tmp)
+            except OSError:
+                pass
+            self.tmp = None
