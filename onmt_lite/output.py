@@ -53,6 +53,19 @@ def check_output(path: str) -> None:
         raise OutputError(f"{path}: cannot write in the folder {folder}: permission denied")
 
 
+class _Writer:
+    """A text file whose write errors (a full disk, a closed pipe) name the user's path."""
+
+    def __init__(self, file: TextIO, path: str):
+        self.file, self.path = file, path
+
+    def write(self, text: str) -> int:
+        try:
+            return self.file.write(text)
+        except OSError as err:
+            raise OutputError(f"{self.path}: cannot write: {err.strerror}") from None
+
+
 class OutputFile:
     """Context manager giving a text file to write; see the module docstring.
 
@@ -66,16 +79,16 @@ class OutputFile:
         self.file: Optional[TextIO] = None
         self.tmp: Optional[str] = None
 
-    def __enter__(self) -> TextIO:
+    def __enter__(self) -> _Writer:
         if self.path == "-":
-            return sys.stdout
+            return _Writer(sys.stdout, "standard output")
         check_output(self.path)
         self.target = os.path.realpath(self.path)
         st = _stat(self.target)
         try:
             if st is not None and not stat.S_ISREG(st.st_mode):
                 self.file = open(self.target, "w", encoding="utf-8")
-                return self.file
+                return _Writer(self.file, self.path)
             self.mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
             fd, self.tmp = tempfile.mkstemp(dir=os.path.dirname(self.target), prefix=".tmp-",
                                             suffix="-" + os.path.basename(self.target))
@@ -83,11 +96,15 @@ class OutputFile:
         except OSError as err:
             self._discard()
             raise OutputError(f"{self.path}: cannot write: {err.strerror}") from None
-        return self.file
+        return _Writer(self.file, self.path)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.path == "-":
-            sys.stdout.flush()
+            try:
+                sys.stdout.flush()
+            except OSError as err:
+                if exc_type is None:
+                    raise OutputError(f"standard output: cannot write: {err.strerror}") from None
             return False
         try:
             self.file.close()

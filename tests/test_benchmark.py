@@ -73,3 +73,22 @@ def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
     assert groups["matrix products"]["seconds"] > 0 and groups["softmax, log_softmax"]["seconds"] > 0
     assert abs(sum(g["share"] for g in groups.values()) - 1) < 1e-9
     assert "matrix products" in proc.stdout
+
+
+def test_threads_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
+    ckpt = str(tmp_path / "m.pt")
+    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    (tmp_path / "src").write_text("a b c\nd e\nf a b c\nb b\n")
+    out = tmp_path / "threads.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "threads_bench.py"), "-model", ckpt,
+         "-src", str(tmp_path / "src"), "-lines", "3", "-runs", "1", "-json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    assert results["lines"] == 3 and set(results["results"]) == {"idle", "busy"}
+    for table in results["results"].values():
+        assert table["default (passive wait)"]["vs_default"] == 1.0
+        assert "spin-wait (OpenMP default)" in table and "-threads 1" in table
+        assert all(r["median_s"] > 0 for r in table.values())

@@ -168,3 +168,10 @@ def test_signal_stops_cleanly_and_keeps_the_old_output(tiny_model, tmp_path, sig
     assert last.startswith(f"translate.py: stopped by {signal.Signals(signum).name}")
     assert "Traceback" not in err
     assert out.read_text() == "the old output\n" and leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_device_is_one_line_naming_the_path(tiny_model, src, capsys):
+    assert translate("-model", tiny_model, "-src", src, "-output", "/dev/full") == 1
+    err = capsys.readouterr().err
+    assert err == "translate.py: error: /dev/full: cannot write: No space left on device\n"
