@@ -344,3 +344,18 @@ def test_incremental_steps_under_autograd_are_refused(transformer_model, padded_
     transformer_model.decoder.step(tgt[:, 0])
     with pytest.raises(RuntimeError, match="no_grad"):
         transformer_model.decoder.step(tgt[:, 1])
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train_steps", 2.5, "train_steps: expected an integer, got 2.5"),
+    ("train_steps", 0, "train_steps: must be at least 1, got 0"),
+    ("dec_layers", True, "dec_layers: expected an integer, got True"),
+    ("learning_rate", "fast", "learning_rate: expected a number, got 'fast'"),
+    ("share_decoder_embeddings", "no", "share_decoder_embeddings: expected true or false"),
+    ("dropout", -0.1, "dropout: must not be negative, got -0.1"),
+    ("model_type", 3, "model_type: expected text, got 3"),
+])
+def test_config_values_of_the_wrong_kind_or_range_are_refused(toy_task, key, value, message):
+    config, _ = toy_task(**{"train_steps": 1, key: value})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(config, progress=False)

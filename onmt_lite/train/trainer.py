@@ -33,6 +33,35 @@ TRAIN_DEFAULTS = {
 logger = logging.getLogger("onmt_lite.train")
 
 
+POSITIVE = ("train_steps", "valid_steps", "save_checkpoint_steps", "report_every", "batch_size",
+            "valid_batch_size", "max_len", "vocab_size_multiple", "enc_layers", "dec_layers",
+            "hidden_size", "word_vec_size", "heads", "transformer_ff")
+
+
+NON_NEGATIVE = ("dropout", "attention_dropout", "norm_eps", "src_words_min_frequency",
+                "tgt_words_min_frequency", "src_vocab_size", "tgt_vocab_size", "learning_rate",
+                "warmup_steps", "label_smoothing", "max_grad_norm", "param_init", "threads")
+KINDS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"),
+         float: ((int, float), "a number"), str: ((str,), "text")}
+
+
+def _check_kinds(config: dict) -> None:
+    """Each value has its default's kind (an integer where the default is one, true/false for a
+    flag); counts and sizes are positive. Raises ValueError naming the key."""
+    defaults = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS}
+    for key, value in config.items():
+        default = defaults.get(key)
+        if default is None:  # "data", and the paths that default to None
+            continue
+        kinds, what = KINDS[type(default)]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise ValueError(f"{key}: expected {what}, got {value!r}")
+        if key in POSITIVE and value < 1:
+            raise ValueError(f"{key}: must be at least 1, got {value}")
+        if kinds != (bool,) and key in NON_NEGATIVE and value < 0:
+            raise ValueError(f"{key}: must not be negative, got {value}")
+
+
 def _data_paths(opt: dict, name: str):
     try:
         corpus = opt["data"][name]
@@ -103,6 +132,7 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
     unknown = set(config) - set(TRAIN_DEFAULTS) - set(MODEL_DEFAULTS) - {"data"}
     if unknown:
         raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
+    _check_kinds(config)
     opt = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS, **config}
     for path in (opt["save_model"], opt["log_file"]):  # their folders, e.g. runs/transformer/
         if path and os.path.dirname(path):
