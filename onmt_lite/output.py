@@ -29,6 +29,14 @@ def _stat(path: str) -> Optional[os.stat_result]:
         return None
 
 
+def is_atomic(path: str) -> bool:
+    """Whether OutputFile replaces ``path`` only on success (a regular file or a new one)."""
+    if path == "-":
+        return False
+    st = _stat(os.path.realpath(path))
+    return st is None or stat.S_ISREG(st.st_mode)
+
+
 def check_output(path: str) -> None:
     """Raises OutputError unless ``path`` can be written as OutputFile writes it: called before
     the model loads, so that a wrong path costs nothing."""

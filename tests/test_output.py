@@ -165,7 +165,7 @@ def test_signal_stops_cleanly_and_keeps_the_old_output(tiny_model, tmp_path, sig
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"translate.py: stopped by {signal.Signals(signum).name}")
+    assert last == f"translate.py: stopped by {signal.Signals(signum).name}; {out} is left as it was"
     assert "Traceback" not in err
     assert out.read_text() == "the old output\n" and leftovers(tmp_path) == []
 

@@ -13,7 +13,7 @@ from onmt_lite.checkpoint import CheckpointError
 from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
-from onmt_lite.output import OutputError, OutputFile, check_output
+from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.translator import build_translator
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                     check_output(path)
             run(args)
     except Stopped as stop:
-        kept = "" if args.output == "-" else f"; {args.output} is left as it was"
+        kept = f"; {args.output} is left as it was" if is_atomic(args.output) else ""
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
     except (CheckpointError, InputError, OutputError, ValueError) as err:
