@@ -9,10 +9,15 @@ from conftest import ROOT, TINY_TRANSFORMER, make_model
 from onmt_lite.checkpoint import save_checkpoint
 
 
-def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
-    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
+def tiny_checkpoint(src_vocab, tgt_vocab, tmp_path) -> str:
     ckpt = str(tmp_path / "m.pt")
-    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    save_checkpoint(ckpt, make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab), src_vocab,
+                    tgt_vocab, TINY_TRANSFORMER)
+    return ckpt
+
+
+def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
+    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
     out = tmp_path / "bench.json"
@@ -32,9 +37,7 @@ def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
 
 
 def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
-    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
-    ckpt = str(tmp_path / "m.pt")
-    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
     script = os.path.join(ROOT, "benchmarks", "translate_bench.py")
@@ -57,9 +60,7 @@ def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
 
 
 def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
-    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
-    ckpt = str(tmp_path / "m.pt")
-    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     out = tmp_path / "profile.json"
     proc = subprocess.run(
@@ -76,9 +77,7 @@ def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
 
 
 def test_threads_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
-    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab)
-    ckpt = str(tmp_path / "m.pt")
-    save_checkpoint(ckpt, model, src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\nb b\n")
     out = tmp_path / "threads.json"
     proc = subprocess.run(
