@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines read, sorted and batched at a time (0: the whole input)")
     add(g, "src_seq_length_trunc", type=integer(0), default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
+    g = parser.add_argument_group("Subword transforms")
+    add(g, "transforms", nargs="*", choices=["sentencepiece", "filtertoolong"],
+        help="raw text in and out through these transforms (not given: the checkpoint's own, "
+             "when its model files exist; none: whitespace-split tokens)")
+    add(g, "src_subword_model", help="sentencepiece model of the source side")
+    add(g, "tgt_subword_model", help="sentencepiece model of the target side")
     g = parser.add_argument_group("Beam search")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
@@ -165,7 +171,7 @@ def main(argv=None) -> int:
         kept = f"; {args.output} is left as it was" if is_atomic(args.output) else ""
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
-    except (CheckpointError, InputError, OutputError, ValueError) as err:
+    except (CheckpointError, InputError, OutputError, ValueError) as err:  # TransformError too
         print(f"translate.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -14,6 +14,7 @@ class Translation:
         preds: n-best token lists, best first, without ``</s>``.
         scores: their scores; attns: their attention (len(pred) + 1 if it ended in ``</s>``, src_len).
         gold / gold_score: the reference and its log-probability with ``-tgt``.
+        texts: the n-best hypotheses as raw text, where a subword transform joined the pieces.
     """
     index: int
     src: List[str]
@@ -23,10 +24,11 @@ class Translation:
     attns: List[torch.Tensor] = field(default_factory=list)
     gold: Optional[List[str]] = None
     gold_score: Optional[float] = None
+    texts: Optional[List[str]] = None
 
     def output_lines(self, with_score: bool = False) -> List[str]:
         """One line per n-best hypothesis; with_score appends a tab and the score."""
-        lines = [" ".join(pred) for pred in self.preds]
+        lines = self.texts if self.texts is not None else [" ".join(p) for p in self.preds]
         if with_score:
             lines = [f"{line}\t{score}" for line, score in zip(lines, self.scores)]
         return lines

@@ -14,6 +14,7 @@ from onmt_lite.checkpoint import load_model
 from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.model import for_inference, replica
+from onmt_lite.transforms import SentencePieceTransform, build_transform
 from onmt_lite.translate.beam import Beam
 from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
@@ -69,14 +70,17 @@ class Translator:
         options: the DecodingOptions; device: where the model lives.
         inter_threads: batches decoded at the same time, each by its own thread with its own
             decoder state (the weights are shared); results do not depend on it.
+        transform: splits raw source lines into pieces and joins target pieces back into text
+            (see transforms.py); None for whitespace-tokenized text.
     """
 
     beam_class = Beam
 
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None,
-                 inter_threads: int = 1):
+                 inter_threads: int = 1, transform: Optional[SentencePieceTransform] = None):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
+        self.transform = transform  # raw text <-> pieces; None: whitespace-split tokens
         self.opt = options or DecodingOptions()
         self.opt.validate()
         if inter_threads < 1:
@@ -147,7 +151,9 @@ class Translator:
                 if warning:
                     logger.warning(warning)
                     warned = True
-                tgt_tokens = [line.split() for line in tgt_lines] if tgt is not None else None
+                tgt_tokens = None if tgt is None else [
+                    self.transform.encode(line, "tgt") if self.transform else line.split()
+                    for line in tgt_lines]
                 batches = []
                 for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
                     if only is None or number in only:
@@ -183,7 +189,7 @@ class Translator:
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
-        tokens = line.split()
+        tokens = self.transform.encode(line) if self.transform else line.split()
         limit = self.opt.src_seq_length_trunc or self.model_max_src_len
         if limit and len(tokens) > limit:
             logger.warning("source line %d has %d tokens: truncated to %d", number,
@@ -226,7 +232,7 @@ class Translator:
                     [torch.zeros(0, 0)] * self.opt.n_best
                 if tgt_tokens is not None:
                     t.gold, t.gold_score = tgt_tokens[i], 0.0
-            return results
+            return self._detokenized(results)
         ids = [self.src_vocab.encode(src_tokens[i]) for i in indices]
         src_len = torch.tensor([len(x) for x in ids], device=self.device)
         src = torch.full((len(ids), int(src_len.max())), self.src_vocab.pad, dtype=torch.long)
@@ -260,6 +266,12 @@ class Translator:
                 t.preds.append(self._target_tokens(hyp, t.src))
                 t.scores.append(hyp.score)
                 t.attns.append(hyp.attn)
+        return self._detokenized(results)
+
+    def _detokenized(self, results: List[Translation]) -> List[Translation]:
+        if self.transform is not None:
+            for t in results:
+                t.texts = [self.transform.decode(pred) for pred in t.preds]
         return results
 
     def _beam_search(self, src, src_len, max_length: int) -> List[List[Hypothesis]]:
@@ -383,6 +395,8 @@ def build_translator(opt) -> Translator:
     """
     device = _device(_get(opt, "gpu", -1))
     model, ckpt = load_model(_get(opt, "model"), device)
+    transform = build_transform(_get(opt, "transforms"), _get(opt, "src_subword_model"),
+                                _get(opt, "tgt_subword_model"), ckpt.opt, _get(opt, "model"))
     src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
     del ckpt  # its weights are in the model now: free them before quantising, not after
     model = for_inference(model, device, bool(_get(opt, "int8", False)),
@@ -393,5 +407,5 @@ def build_translator(opt) -> Translator:
     max_src = None if model_type == "rnn" else model.encoder.embeddings.MAX_LEN
     inter_threads = _get(opt, "inter_threads")
     return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
-                      1 if inter_threads is None else inter_threads)
+                      1 if inter_threads is None else inter_threads, transform)
 

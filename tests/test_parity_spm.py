@@ -1,0 +1,115 @@
+"""Raw text through OpenNMT-py 3.5.1's sentencepiece transform: onmt_lite's output lines and
+scores against that toolkit's own, on its raw-Multi30k fixture (../shared/fixtures/onmt-py-spm),
+whole files, and the transform's set-up errors."""
+import os
+import re
+
+import pytest
+
+from onmt_lite.transforms import SentencePieceTransform, TransformError, build_transform
+from onmt_lite.translate.translator import build_translator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py-spm")
+MODEL = os.path.join(FIXTURE, "model.pt")
+SPM = os.path.join(FIXTURE, "spm.model")
+REFS = os.path.join(FIXTURE, "refs", "test_2016_flickr")
+SRC = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test_2016_flickr.en")
+
+pytestmark = pytest.mark.skipif(not (os.path.isfile(MODEL) and os.path.isfile(SRC)),
+                                reason="../shared/fixtures/onmt-py-spm is absent")
+_translators: dict = {}
+
+
+def translations(beam_size: int, n_best: int = 1, transforms=("sentencepiece",)):
+    """The whole test file translated as the fixture's translate.yaml does (batch 32)."""
+    key = (beam_size, n_best, transforms)
+    if key not in _translators:
+        translator = build_translator({
+            "model": MODEL, "beam_size": beam_size, "n_best": n_best, "inter_threads": 2,
+            "transforms": list(transforms), "src_subword_model": SPM, "tgt_subword_model": SPM})
+        _translators[key] = translator.translate(SRC, batch_size=32)
+    return _translators[key]
+
+
+def reference(name: str) -> list:
+    with open(os.path.join(REFS, f"model.{name}.txt"), encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+@pytest.mark.parametrize("case, beam_size", [("greedy", 1), ("beam5", 5)])
+def test_raw_text_output_equals_opennmt_py(case, beam_size):
+    ours = [line for t in translations(beam_size) for line in t.output_lines()]
+    theirs = reference(case)
+    assert len(ours) == len(theirs) == 1000
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert differ == [], f"lines differing from OpenNMT-py: {differ[:10]}"
+
+
+def test_n_best_lines_and_scores_equal_opennmt_py():
+    results = translations(5, n_best=3)
+    ours = [line for t in results for line in t.output_lines()]
+    assert ours == reference("nbest3_noscore")
+    with open(os.path.join(REFS, "model.nbest3_noscore.log"), encoding="utf-8") as f:
+        log = f.read()
+    blocks = log.split("\nSENT ")[1:]
+    assert len(blocks) == 1000
+    for t, block in zip(results, blocks):
+        pieces = re.search(r"^\d+: (\[.*\])$", block, re.M).group(1)
+        assert pieces == str(t.src_vocab)  # -verbose shows the source pieces
+        best = [float(x) for x in re.findall(r"^\[(-?[\d.]+)\] ", block, re.M)]
+        assert len(best) == 3 and all(abs(a - b) <= 1.5e-4 for a, b in zip(t.scores, best))
+
+
+def test_without_transforms_the_pieces_come_out_as_opennmt_py_writes_them():
+    ours = [line for t in translations(5, transforms=()) for line in t.output_lines()]
+    assert ours == reference("no_transforms")
+
+
+def test_the_checkpoint_transforms_apply_when_none_are_given(caplog):
+    with caplog.at_level("INFO", logger="onmt_lite"):
+        translator = build_translator({"model": MODEL, "beam_size": 5})
+    assert "applying the checkpoint's transforms ['sentencepiece', 'filtertoolong']" \
+        in caplog.text
+    first = translator.translate(["A man in an orange hat starring at something."])[0]
+    assert first.src_vocab == translations(5)[0].src_vocab  # the same pieces
+    assert first.src_vocab[0] == "\u2581A" and first.texts[0].startswith("Ein Mann")
+
+
+def test_transform_set_up_errors_name_the_file_and_option(tmp_path):
+    with pytest.raises(TransformError, match="-transforms sentencepiece needs -tgt_subword_model"):
+        build_transform(["sentencepiece"], SPM, None, {}, MODEL)
+    missing = str(tmp_path / "gone.model")
+    with pytest.raises(TransformError, match=re.escape(
+            f"{missing}: no such sentencepiece model (given by -src_subword_model)")):
+        build_transform(["sentencepiece"], missing, SPM, {}, MODEL)
+    text = tmp_path / "text.model"
+    text.write_text("not a model\n")
+    with pytest.raises(TransformError, match="text.model: not a sentencepiece model"):
+        SentencePieceTransform(str(text), SPM)
+    with pytest.raises(TransformError, match="bpe not supported"):
+        build_transform(["bpe"], None, None, {}, MODEL)
+    # a checkpoint naming a subword model that is not there
+    opt = {"transforms": ["sentencepiece"], "src_subword_model": "absent.model",
+           "tgt_subword_model": "absent.model"}
+    with pytest.raises(TransformError, match="absent.model: no such sentencepiece model"):
+        build_transform(None, None, None, opt, str(tmp_path / "model.pt"))
+
+
+def test_command_line_with_a_yaml_config_and_a_missing_subword_model(tmp_path, capsys):
+    from onmt_lite.cli import translate as translate_cli
+    config = tmp_path / "translate.yaml"
+    config.write_text(f"model: {MODEL}\ntransforms: [sentencepiece]\n"
+                      f"src_subword_model: {SPM}\ntgt_subword_model: {SPM}\nbatch_size: 32\n")
+    src, out = tmp_path / "in.en", tmp_path / "out.de"
+    src.write_text("A man in an orange hat starring at something.\n\n   \n")
+    assert translate_cli.main(["-config", str(config), "-src", str(src), "-output", str(out)]) == 0
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 3 and lines[0].startswith("Ein Mann") and lines[1:] == ["", ""]
+    capsys.readouterr()
+    assert translate_cli.main(["-config", str(config), "-src", str(src), "-output", str(out),
+                               "-tgt_subword_model", str(tmp_path / "none.model")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"translate.py: error: {tmp_path / 'none.model'}: no such sentencepiece model "
+                   "(given by -tgt_subword_model)\n")
+    assert out.read_text(encoding="utf-8").startswith("Ein Mann")  # the old output stays
