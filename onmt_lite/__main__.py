@@ -1,16 +1,17 @@
 """``python -m onmt_lite {translate,train,evaluate,convert} ...``"""
 import sys
 
-from onmt_lite.cli import convert, evaluate, train, translate
+from onmt_lite.cli import convert, evaluate, plot, train, translate
 
 COMMANDS = {"translate": translate.main, "train": train.main, "evaluate": evaluate.main,
-            "convert": convert.main}
+            "convert": convert.main, "plot": plot.main}
 USAGE = f"""usage: python -m onmt_lite {{{','.join(COMMANDS)}}} [options]
 
   translate   translate a file with a checkpoint (the same as translate.py)
   train       train a model from a YAML config
   evaluate    BLEU and chrF of a translation against references
   convert     write an OpenNMT-py checkpoint as a native one
+  plot        draw the attention of an -attn_dump file, one picture per sentence
 
 python -m onmt_lite COMMAND -h shows a command's options."""
 

@@ -15,6 +15,7 @@ from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
+from onmt_lite.translate.attention_plot import plot_attention, plot_path, prepare_folder
 from onmt_lite.translate.translator import build_translator
 
 logger = logging.getLogger("onmt_lite")
@@ -79,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "verbose", action="store_true", help="log source, prediction and score per sentence")
     add(g, "attn_debug", action="store_true", help="log the attention matrix per sentence")
     add(g, "attn_dump", help="write source, prediction and attention as JSON lines")
+    add(g, "attn_plot", help="folder for one attention picture (PNG) per sentence; "
+                             "needs matplotlib")
     add(g, "report_time", action="store_true", help="log total time and tokens per second")
     bar = g.add_mutually_exclusive_group()
     add(bar, "progress", action="store_true",
@@ -139,9 +142,12 @@ def run(args) -> None:
             if args.attn_debug:
                 logger.info("\n" + attention_matrix(trans.src_vocab, trans.preds[0] + ["</s>"],
                                                     trans.attns[0]))
+            pred = trans.preds[0] + (["</s>"] if len(trans.attns[0]) > len(trans.preds[0]) else [])
             if args.attn_dump:
-                pred = trans.preds[0] + (["</s>"] if len(trans.attns[0]) > len(trans.preds[0]) else [])
                 dump.write(attention_record(trans.index, trans.src, pred, trans.attns[0]) + "\n")
+            if args.attn_plot:
+                plot_attention(trans.src, pred, trans.attns[0].tolist(),
+                               plot_path(args.attn_plot, trans.index))
     elapsed = time.time() - start
     logger.info(_summary("PRED", pred_total, count))
     if args.tgt:
@@ -166,6 +172,8 @@ def main(argv=None) -> int:
             for path in (args.output, args.attn_dump):  # before the model loads
                 if path:
                     check_output(path)
+            if args.attn_plot:
+                prepare_folder(args.attn_plot)
             run(args)
     except Stopped as stop:
         kept = f"; {args.output} is left as it was" if is_atomic(args.output) else ""
