@@ -16,6 +16,12 @@ def tiny_checkpoint(src_vocab, tgt_vocab, tmp_path) -> str:
     return ckpt
 
 
+def run_script(name: str, *args) -> subprocess.CompletedProcess:
+    """benchmarks/<name> with ``args`` in a process of its own."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", name),
+                           *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
 def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
     ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
@@ -63,10 +69,8 @@ def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
     ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     out = tmp_path / "profile.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "profile_decode.py"), "-model", ckpt,
-         "-src", str(tmp_path / "src"), "-extra=-max_length 5", "-json", str(out)],
-        capture_output=True, text=True, timeout=300)
+    proc = run_script("profile_decode.py", "-model", ckpt, "-src", tmp_path / "src",
+                      "-extra=-max_length 5", "-json", out)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     groups = result["groups"]
@@ -80,10 +84,8 @@ def test_threads_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
     ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\nb b\n")
     out = tmp_path / "threads.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "threads_bench.py"), "-model", ckpt,
-         "-src", str(tmp_path / "src"), "-lines", "3", "-runs", "1", "-json", str(out)],
-        capture_output=True, text=True, timeout=300)
+    proc = run_script("threads_bench.py", "-model", ckpt, "-src", tmp_path / "src",
+                      "-lines", "3", "-runs", "1", "-json", out)
     assert proc.returncode == 0, proc.stderr
     results = json.loads(out.read_text())
     assert results["lines"] == 3 and set(results["results"]) == {"idle", "busy"}

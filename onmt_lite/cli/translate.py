@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         kept = f"; {args.output} is left as it was" if is_atomic(args.output) else ""
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
-    except (CheckpointError, InputError, OutputError, ValueError) as err:  # TransformError too
+    except (CheckpointError, InputError, OutputError, ValueError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -58,7 +58,7 @@ def _check_kinds(config: dict) -> None:
             raise ValueError(f"{key}: expected {what}, got {value!r}")
         if key in POSITIVE and value < 1:
             raise ValueError(f"{key}: must be at least 1, got {value}")
-        if kinds != (bool,) and key in NON_NEGATIVE and value < 0:
+        if key in NON_NEGATIVE and value < 0:
             raise ValueError(f"{key}: must not be negative, got {value}")
 
 
