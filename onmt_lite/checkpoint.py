@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from onmt_lite import onmt_py
+from onmt_lite import onmt_py, transforms
 from onmt_lite.models.model import NMTModel, build_model, model_options
 from onmt_lite.vocab import Vocab
 
@@ -42,8 +42,9 @@ def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Voc
     def plain(state):
         return {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone()
                 for k, v in state.items()}
+    transform_options = {k: opt[k] for k in transforms.OPTIONS if opt.get(k)}
     payload = {
-        "format": FORMAT, "version": VERSION, "opt": model_options(opt),
+        "format": FORMAT, "version": VERSION, "opt": {**model_options(opt), **transform_options},
         "vocab": {"src": list(src_vocab.itos), "tgt": list(tgt_vocab.itos)},
         "model": plain({k: v for k, v in model.state_dict().items()
                         if not k.startswith("generator.")}),

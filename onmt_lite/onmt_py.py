@@ -6,6 +6,7 @@ refused by name rather than ignored.
 import argparse
 import re
 
+from onmt_lite import transforms
 from onmt_lite.vocab import Vocab
 
 
@@ -76,7 +77,6 @@ _RENAMES = [
     (re.compile(r"^encoder\.transformer\.(\d+)\."), r"encoder.layers.\1."),
     (re.compile(r"^decoder\.transformer_layers\.(\d+)\."), r"decoder.layers.\1."),
 ]
-TRANSFORM_OPTIONS = ("transforms", "src_subword_model", "tgt_subword_model")
 _POSITION_TABLE = re.compile(r"\.make_embedding\.pe\.pe$")
 
 
@@ -111,6 +111,6 @@ def convert(data: dict):
     if not isinstance(data["generator"], dict) or not isinstance(data["model"], dict):
         raise ValueError("OpenNMT-py checkpoint has no model/generator state dicts")
     # the subword transforms it was trained with, applied at translation time (transforms.py)
-    options.update({key: opt[key] for key in TRANSFORM_OPTIONS if opt.get(key)})
+    options.update({key: opt[key] for key in transforms.OPTIONS if opt.get(key)})
     return (options, Vocab(vocab["src"]), Vocab(vocab["tgt"]),
             convert_weights(data["model"], options["model_type"]), dict(data["generator"]))

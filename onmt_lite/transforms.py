@@ -6,7 +6,7 @@ Only ``sentencepiece`` is implemented; ``filtertoolong`` is accepted and does no
 """
 import logging
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import sentencepiece
 
@@ -15,6 +15,7 @@ from onmt_lite.constants import EOS
 logger = logging.getLogger("onmt_lite")
 
 SUPPORTED = ("sentencepiece", "filtertoolong")
+OPTIONS = ("transforms", "src_subword_model", "tgt_subword_model")  # kept in checkpoints
 NEWLINE = "\uff5fnewline\uff60"  # OpenNMT-py's stand-in for a newline inside a line: ｟newline｠
 
 
@@ -55,35 +56,40 @@ class SentencePieceTransform:
 
 
 def _resolve(path: str, checkpoint: str) -> str:
-    """A subword model path named in a checkpoint: beside the checkpoint, else as it is."""
-    beside = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), path)
-    return beside if os.path.isfile(beside) else path
+    """A subword model path named in a checkpoint: under the checkpoint's folder, or its file
+    name there (a model shipped beside its checkpoint), else the path as it is."""
+    folder = os.path.dirname(os.path.abspath(checkpoint))
+    for candidate in (os.path.join(folder, path), os.path.join(folder, os.path.basename(path))):
+        if path and os.path.isfile(candidate):
+            return candidate
+    return path
 
 
-def build_transform(transforms: Optional[Sequence[str]], src_subword_model: Optional[str],
-                    tgt_subword_model: Optional[str], checkpoint_opt: dict,
+def build_transform(option: Callable[[str], Any], checkpoint_opt: dict,
                     checkpoint: str) -> Optional[SentencePieceTransform]:
-    """The transform the options ask for, or (given none) the one the checkpoint was trained
-    with, when it names one; None for whitespace-split text."""
+    """The transform the options ask for (``option(name)`` gives the value of ``-name``, None
+    when not given), or (given none) the one the checkpoint was trained with, when it names
+    one; None for whitespace-split text."""
+    transforms = option("transforms")
     if transforms is None:  # not given: the checkpoint's, with its model files
         transforms = checkpoint_opt.get("transforms") or []
         if "sentencepiece" not in transforms:
             return None
-        src = src_subword_model or _resolve(checkpoint_opt.get("src_subword_model") or "",
-                                            checkpoint)
-        tgt = tgt_subword_model or _resolve(checkpoint_opt.get("tgt_subword_model") or "",
-                                            checkpoint)
+        src = option("src_subword_model") or _resolve(
+            checkpoint_opt.get("src_subword_model") or "", checkpoint)
+        tgt = option("tgt_subword_model") or _resolve(
+            checkpoint_opt.get("tgt_subword_model") or "", checkpoint)
         logger.info("applying the checkpoint's transforms %s (source model %s, target model %s)",
                     list(transforms), src, tgt)
     else:
-        src, tgt = src_subword_model, tgt_subword_model
+        src, tgt = option("src_subword_model"), option("tgt_subword_model")
     unknown = [name for name in transforms if name not in SUPPORTED]
     if unknown:
         raise TransformError(f"-transforms: {', '.join(unknown)} not supported (supported: "
                              f"{', '.join(SUPPORTED)})")
     if "sentencepiece" not in transforms:
         return None
-    for path, option in ((src, "-src_subword_model"), (tgt, "-tgt_subword_model")):
+    for path, name in ((src, "-src_subword_model"), (tgt, "-tgt_subword_model")):
         if not path:
-            raise TransformError(f"-transforms sentencepiece needs {option}")
+            raise TransformError(f"-transforms sentencepiece needs {name}")
     return SentencePieceTransform(src, tgt)

@@ -76,24 +76,29 @@ def test_the_checkpoint_transforms_apply_when_none_are_given(caplog):
     assert first.src_vocab[0] == "\u2581A" and first.texts[0].startswith("Ein Mann")
 
 
+def options(**given):
+    return given.get
+
+
 def test_transform_set_up_errors_name_the_file_and_option(tmp_path):
     with pytest.raises(TransformError, match="-transforms sentencepiece needs -tgt_subword_model"):
-        build_transform(["sentencepiece"], SPM, None, {}, MODEL)
+        build_transform(options(transforms=["sentencepiece"], src_subword_model=SPM), {}, MODEL)
     missing = str(tmp_path / "gone.model")
     with pytest.raises(TransformError, match=re.escape(
             f"{missing}: no such sentencepiece model (given by -src_subword_model)")):
-        build_transform(["sentencepiece"], missing, SPM, {}, MODEL)
+        build_transform(options(transforms=["sentencepiece"], src_subword_model=missing,
+                                tgt_subword_model=SPM), {}, MODEL)
     text = tmp_path / "text.model"
     text.write_text("not a model\n")
     with pytest.raises(TransformError, match="text.model: not a sentencepiece model"):
         SentencePieceTransform(str(text), SPM)
     with pytest.raises(TransformError, match="bpe not supported"):
-        build_transform(["bpe"], None, None, {}, MODEL)
+        build_transform(options(transforms=["bpe"]), {}, MODEL)
     # a checkpoint naming a subword model that is not there
     opt = {"transforms": ["sentencepiece"], "src_subword_model": "absent.model",
            "tgt_subword_model": "absent.model"}
     with pytest.raises(TransformError, match="absent.model: no such sentencepiece model"):
-        build_transform(None, None, None, opt, str(tmp_path / "model.pt"))
+        build_transform(options(), opt, str(tmp_path / "model.pt"))
 
 
 def test_command_line_with_a_yaml_config_and_a_missing_subword_model(tmp_path, capsys):

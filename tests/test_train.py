@@ -359,3 +359,44 @@ def test_config_values_of_the_wrong_kind_or_range_are_refused(toy_task, key, val
     config, _ = toy_task(**{"train_steps": 1, key: value})
     with pytest.raises(ValueError, match=re.escape(message)):
         train(config, progress=False)
+
+
+# -- the raw-text recipe: sentencepiece on the fly, one vocabulary and embedding ---------------
+RAW_RECIPE = os.path.join(ROOT, "configs", "transformer_multi30k_raw.yaml")
+
+
+def test_the_raw_text_recipe_trains_on_pieces_and_its_checkpoint_names_the_transform(
+        toy_task, tmp_path, caplog):
+    import shutil
+
+    import yaml
+    with open(RAW_RECIPE, encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    spm = str(tmp_path / "pieces.spm")
+    shutil.copy(os.path.join(ROOT, recipe["src_subword_model"]), spm)
+    keys = SHAPE_KEYS + ("share_embeddings", "share_vocab", "transforms")
+    config, _ = toy_task(**{key: recipe[key] for key in keys}, src_subword_model=spm,
+                         tgt_subword_model=spm, train_steps=4, report_every=2, valid_steps=4,
+                         threads=2, save_model=str(tmp_path / "run" / "model"))
+    last = train(config, progress=False)
+    ckpt = load_checkpoint(last)
+    assert ckpt.opt["transforms"] == ["sentencepiece"] and ckpt.opt["src_subword_model"] == spm
+    assert ckpt.src_vocab.itos == ckpt.tgt_vocab.itos  # one vocabulary of both sides' pieces
+    assert "\u2581two" in ckpt.src_vocab.stoi and "\u2581TWO" not in ckpt.src_vocab.stoi
+    assert {"\u2581T", "W", "O"} <= set(ckpt.src_vocab.stoi)  # the target side's pieces
+    model, _ = load_model(last)
+    assert model.encoder.embeddings.weight is model.decoder.embeddings.weight
+    assert model.generator.weight is model.decoder.embeddings.weight
+    # shipped as a model beside its sentencepiece file: found there, wherever it was trained
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    shutil.copy(last, shipped / "model.pt")
+    shutil.copy(spm, shipped / os.path.basename(spm))
+    os.remove(spm)
+    with caplog.at_level(logging.INFO, logger="onmt_lite"):
+        translator = build_translator({"model": str(shipped / "model.pt"), "beam_size": 2,
+                                       "max_length": 5})
+    assert str(shipped / "pieces.spm") in caplog.text
+    (result,) = translator.translate(["two seven"])
+    assert result.src_vocab == ["\u2581two", "\u2581se", "ve", "n"]  # pieces in, text out
+    assert "\u2581" not in result.texts[0]

@@ -17,6 +17,7 @@ from onmt_lite.corpus import read_parallel
 from onmt_lite.models.model import MODEL_DEFAULTS, build_model
 from onmt_lite.train.batching import collate, make_examples, token_batches
 from onmt_lite.train.optim import build_optimizer, learning_rate
+from onmt_lite.transforms import build_transform
 from onmt_lite.vocab import Vocab
 
 TRAIN_DEFAULTS = {
@@ -29,6 +30,8 @@ TRAIN_DEFAULTS = {
     "decay_method": "noam", "warmup_steps": 4000, "label_smoothing": 0.1,
     "max_grad_norm": 0.0, "param_init": 0.0, "param_init_glorot": True,
     "train_from": None, "log_file": None, "threads": 0,
+    # raw text: the corpus is split into pieces on the fly, and the checkpoint names the transform
+    "transforms": [], "src_subword_model": None, "tgt_subword_model": None, "share_vocab": False,
 }
 logger = logging.getLogger("onmt_lite.train")
 
@@ -42,7 +45,7 @@ NON_NEGATIVE = ("dropout", "attention_dropout", "norm_eps", "src_words_min_frequ
                 "tgt_words_min_frequency", "src_vocab_size", "tgt_vocab_size", "learning_rate",
                 "warmup_steps", "label_smoothing", "max_grad_norm", "param_init", "threads")
 KINDS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"),
-         float: ((int, float), "a number"), str: ((str,), "text")}
+         float: ((int, float), "a number"), str: ((str,), "text"), list: ((list,), "a list")}
 
 
 def _check_kinds(config: dict) -> None:
@@ -159,6 +162,11 @@ def _train(opt: dict, device: str, progress: bool) -> str:
 
     train_src, train_tgt = read_parallel(*_data_paths(opt, "corpus_1"))
     valid_src, valid_tgt = read_parallel(*_data_paths(opt, "valid"))
+    transform = build_transform(lambda name: opt.get(name), {}, "")
+    if transform is not None:
+        train_src, train_tgt, valid_src, valid_tgt = (
+            [" ".join(transform.encode(line, side)) for line in lines] for lines, side in
+            ((train_src, "src"), (train_tgt, "tgt"), (valid_src, "src"), (valid_tgt, "tgt")))
     if opt["train_from"]:
         ckpt = load_checkpoint(opt["train_from"])
         src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
@@ -166,10 +174,15 @@ def _train(opt: dict, device: str, progress: bool) -> str:
         opt.update(ckpt.opt)
     else:
         ckpt = None
-        src_vocab = Vocab.build(train_src, opt["src_words_min_frequency"], opt["src_vocab_size"],
-                                opt["vocab_size_multiple"])
-        tgt_vocab = Vocab.build(train_tgt, opt["tgt_words_min_frequency"], opt["tgt_vocab_size"],
-                                opt["vocab_size_multiple"])
+        if opt["share_vocab"]:  # one vocabulary of both sides' tokens, as OpenNMT-py's
+            src_vocab = tgt_vocab = Vocab.build(
+                train_src + train_tgt, opt["src_words_min_frequency"], opt["src_vocab_size"],
+                opt["vocab_size_multiple"])
+        else:
+            src_vocab = Vocab.build(train_src, opt["src_words_min_frequency"],
+                                    opt["src_vocab_size"], opt["vocab_size_multiple"])
+            tgt_vocab = Vocab.build(train_tgt, opt["tgt_words_min_frequency"],
+                                    opt["tgt_vocab_size"], opt["vocab_size_multiple"])
         model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad, tgt_vocab.pad)
         _init_params(model, opt)
     model.to(device).train()

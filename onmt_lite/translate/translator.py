@@ -395,8 +395,7 @@ def build_translator(opt) -> Translator:
     """
     device = _device(_get(opt, "gpu", -1))
     model, ckpt = load_model(_get(opt, "model"), device)
-    transform = build_transform(_get(opt, "transforms"), _get(opt, "src_subword_model"),
-                                _get(opt, "tgt_subword_model"), ckpt.opt, _get(opt, "model"))
+    transform = build_transform(lambda name: _get(opt, name), ckpt.opt, _get(opt, "model"))
     src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
     del ckpt  # its weights are in the model now: free them before quantising, not after
     model = for_inference(model, device, bool(_get(opt, "int8", False)),
