@@ -2,7 +2,9 @@
 
 A native checkpoint is one ``.pt`` file of plain containers: ``{"format": "onmt_lite",
 "version": 1, "opt": dict, "vocab": {"src": [...], "tgt": [...]}, "model": state dict,
-"generator": state dict}`` (plus ``"train"`` with the optimizer state while training).
+"generator": state dict}`` (plus ``"train"`` with the optimizer state while training; for a
+converted Marian model, ``"vocab"`` names its ``"specials"``, ``"generation"`` holds its
+generation defaults and ``"tokenizer"`` its sentencepiece models, see marian.py).
 Files are always read with ``torch.load(weights_only=True)``: nothing inside can run code.
 """
 import argparse
@@ -14,9 +16,9 @@ from typing import Optional
 
 import torch
 
-from onmt_lite import onmt_py, transforms
+from onmt_lite import marian, onmt_py, transforms
 from onmt_lite.models.model import NMTModel, build_model, model_options
-from onmt_lite.vocab import Vocab
+from onmt_lite.vocab import DEFAULT_SPECIALS, Vocab
 
 FORMAT, VERSION = "onmt_lite", 1
 
@@ -33,11 +35,14 @@ class Checkpoint:
     model_state: dict
     generator_state: dict
     train_state: dict = field(default_factory=dict)
-    origin: str = FORMAT  # "onmt_lite" or "opennmt-py"
+    origin: str = FORMAT  # "onmt_lite", "opennmt-py" or "marian"
+    generation: dict = field(default_factory=dict)  # Hugging Face generation defaults
+    tokenizer: dict = field(default_factory=dict)  # a Marian tokenizer's files (marian.py)
 
 
 def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Vocab, opt: dict,
-                    half: bool = False, train_state: Optional[dict] = None) -> None:
+                    half: bool = False, train_state: Optional[dict] = None,
+                    generation: Optional[dict] = None, tokenizer: Optional[dict] = None) -> None:
     """Writes a native checkpoint atomically (temporary file, then rename)."""
     def plain(state):
         return {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone()
@@ -50,8 +55,12 @@ def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Voc
                         if not k.startswith("generator.")}),
         "generator": plain(model.generator.state_dict()),
     }
-    if train_state:
-        payload["train"] = train_state
+    if tgt_vocab.specials != DEFAULT_SPECIALS:  # a Marian model's
+        payload["vocab"]["specials"] = dict(tgt_vocab.specials)
+    for key, value in (("train", train_state), ("generation", generation),
+                       ("tokenizer", tokenizer)):
+        if value:
+            payload[key] = value
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
     os.close(fd)
@@ -96,7 +105,8 @@ def _not_a_checkpoint(path: str, head: bytes, detail: str = "") -> CheckpointErr
 
 def _read(path: str) -> dict:
     if os.path.isdir(path):
-        raise CheckpointError(f"{path}: is a directory; expected a checkpoint file (.pt)")
+        raise CheckpointError(f"{path}: is a directory; expected a checkpoint file (.pt) or a "
+                              "Hugging Face Marian directory (with config.json)")
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -125,7 +135,13 @@ def _read(path: str) -> dict:
 
 
 def load_checkpoint(path: str) -> Checkpoint:
-    """Reads and validates a native or OpenNMT-py 3.x checkpoint."""
+    """Reads and validates a native or OpenNMT-py 3.x checkpoint, or a Hugging Face Marian
+    directory."""
+    if marian.is_marian_dir(path):
+        try:
+            return Checkpoint(**marian.read_marian(path))
+        except marian.MarianError as err:
+            raise CheckpointError(str(err)) from None
     data = _read(path)
     if "format" not in data and onmt_py.is_onmt_py(data):
         try:
@@ -141,11 +157,13 @@ def load_checkpoint(path: str) -> Checkpoint:
         if not isinstance(data.get(key), kind):
             raise CheckpointError(f"{path}: missing or malformed {key!r}")
     try:
-        vocabs = [Vocab(data["vocab"][side]) for side in ("src", "tgt")]
+        specials = data["vocab"].get("specials")
+        vocabs = [Vocab(data["vocab"][side], specials) for side in ("src", "tgt")]
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: bad vocabulary: {err}") from None
     return Checkpoint(data["opt"], vocabs[0], vocabs[1], data["model"], data["generator"],
-                      data.get("train", {}))
+                      data.get("train", {}), generation=data.get("generation", {}),
+                      tokenizer=data.get("tokenizer", {}))
 
 
 def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTModel:

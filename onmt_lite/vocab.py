@@ -1,9 +1,11 @@
 """Vocabulary: token <-> id, built from a tokenized training file."""
 import string
 from collections import Counter
-from typing import Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from onmt_lite.constants import BOS, EOS, PAD, SPECIALS, UNK
+
+DEFAULT_SPECIALS = {"unk": UNK, "pad": PAD, "bos": BOS, "eos": EOS}
 
 
 class Vocab:
@@ -11,18 +13,21 @@ class Vocab:
 
     Args:
         tokens: the tokens in id order (specials included).
+        specials: the tokens of the roles unk, pad, bos (the decoder's first input) and eos
+            where they are not OpenNMT-py's (Marian: ``<pad>`` is pad and bos).
     """
 
-    def __init__(self, tokens: Sequence[str]):
+    def __init__(self, tokens: Sequence[str], specials: Optional[Dict[str, str]] = None):
         self.itos: List[str] = list(tokens)
         self.stoi = {tok: i for i, tok in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
             raise ValueError("vocabulary has duplicate tokens")
-        missing = [tok for tok in SPECIALS if tok not in self.stoi]
+        self.specials = {**DEFAULT_SPECIALS, **(specials or {})}
+        missing = [tok for tok in self.specials.values() if tok not in self.stoi]
         if missing:
             raise ValueError(f"vocabulary lacks the special tokens {missing}")
-        self.unk, self.pad = self.stoi[UNK], self.stoi[PAD]
-        self.bos, self.eos = self.stoi[BOS], self.stoi[EOS]
+        self.unk, self.pad = self.stoi[self.specials["unk"]], self.stoi[self.specials["pad"]]
+        self.bos, self.eos = self.stoi[self.specials["bos"]], self.stoi[self.specials["eos"]]
 
     def __len__(self) -> int:
         return len(self.itos)

@@ -92,7 +92,7 @@ def test_transform_set_up_errors_name_the_file_and_option(tmp_path):
     text.write_text("not a model\n")
     with pytest.raises(TransformError, match="text.model: not a sentencepiece model"):
         SentencePieceTransform(str(text), SPM)
-    with pytest.raises(TransformError, match="bpe not supported"):
+    with pytest.raises(TransformError, match="^-transforms bpe needs -src_subword_model$"):
         build_transform(options(transforms=["bpe"]), {}, MODEL)
     # a checkpoint naming a subword model that is not there
     opt = {"transforms": ["sentencepiece"], "src_subword_model": "absent.model",
@@ -118,3 +118,22 @@ def test_command_line_with_a_yaml_config_and_a_missing_subword_model(tmp_path, c
     assert err == (f"translate.py: error: {tmp_path / 'none.model'}: no such sentencepiece model "
                    "(given by -tgt_subword_model)\n")
     assert out.read_text(encoding="utf-8").startswith("Ein Mann")  # the old output stays
+
+
+def test_a_subword_model_that_does_not_fit_the_vocabulary_is_refused(tmp_path):
+    """The shipped sentencepiece model with the shipped word-level model: wrong pairing."""
+    import subprocess
+    import sys
+    spm = os.path.join(ROOT, "data", "multi30k_en_de.spm")
+    src = tmp_path / "src.txt"
+    src.write_text("A man rides a bike.\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model",
+                          os.path.join(ROOT, "data", "multi30k_en_de.pt"), "-src", str(src),
+                          "-output", str(out), "-transforms", "sentencepiece",
+                          "-src_subword_model", spm, "-tgt_subword_model", spm],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and not out.exists()
+    assert run.stderr.strip().count("\n") == 0, run.stderr
+    assert re.search(r"multi30k_en_de.spm: does not fit the model's vocabulary: \d+ of its "
+                     r"\d+ pieces are in it \(wrong -src_subword_model\?\)", run.stderr)

@@ -86,8 +86,10 @@ def _one_value(action: argparse.Action, value):
 def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]):
     """Parses argv; values from ``-config FILE.yaml`` act as defaults that the command line
     overrides. Unknown keys and values of the wrong kind or range are errors, as on the command
-    line."""
+    line. ``args.given_options`` names the options the user set (a model's own defaults apply
+    to the others)."""
     args = parser.parse_args(argv)
+    given = _given_on_command_line(parser, argv)  # -config values count as given too
     if getattr(args, "config", None):
         try:
             with open(args.config, encoding="utf-8") as f:
@@ -112,4 +114,18 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]
                 parser.error(f"{args.config}: {name}: {err}")
         parser.set_defaults(**checked)
         args = parser.parse_args(argv)
+        given |= set(checked)
+    args.given_options = frozenset(given)
     return args
+
+
+def _given_on_command_line(parser: argparse.ArgumentParser, argv) -> set:
+    """The options argv names (whatever their values): parsed again without defaults."""
+    defaults = {a: a.default for a in parser._actions}
+    try:
+        for action in defaults:
+            action.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in defaults.items():
+            action.default = default

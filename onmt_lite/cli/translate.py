@@ -39,11 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "src_seq_length_trunc", type=integer(0), default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
     g = parser.add_argument_group("Subword transforms")
-    add(g, "transforms", nargs="*", choices=["sentencepiece", "filtertoolong"],
+    add(g, "transforms", nargs="*",
+        choices=["sentencepiece", "onmt_tokenize", "bpe", "filtertoolong"],
         help="raw text in and out through these transforms (not given: the checkpoint's own, "
              "when its model files exist; none: whitespace-split tokens)")
-    add(g, "src_subword_model", help="sentencepiece model of the source side")
-    add(g, "tgt_subword_model", help="sentencepiece model of the target side")
+    add(g, "src_subword_model",
+        help="subword model of the source side: sentencepiece model or BPE codes file")
+    add(g, "tgt_subword_model",
+        help="subword model of the target side: sentencepiece model or BPE codes file")
+    for side, name in (("src", "source"), ("tgt", "target")):
+        add(g, f"{side}_subword_type", choices=["none", "sentencepiece", "bpe"],
+            help=f"onmt_tokenize: what -{side}_subword_model is (not given: none)")
+        add(g, f"{side}_onmttok_kwargs",
+            help=f"onmt_tokenize: the other pyonmttok.Tokenizer arguments of the {name} side, "
+                 "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
+                 "(not given: {'mode': 'none'})")
     g = parser.add_argument_group("Beam search")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,

@@ -8,7 +8,12 @@ from torch import nn
 
 from onmt_lite.models.bfloat16 import to_bfloat16
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
-from onmt_lite.models.transformer import TransformerDecoder, TransformerEncoder
+from onmt_lite.models.transformer import (
+    ACTIVATIONS,
+    POSITION_ENCODINGS,
+    TransformerDecoder,
+    TransformerEncoder,
+)
 
 # Model options and their defaults; a checkpoint's "opt" holds these keys.
 MODEL_DEFAULTS = {
@@ -21,6 +26,10 @@ MODEL_DEFAULTS = {
     # transformer
     "heads": 4, "transformer_ff": 1024, "add_qkvbias": False, "add_ffnbias": False,
     "norm_eps": 1e-6, "share_embeddings": False, "share_decoder_embeddings": False,
+    "layer_norm_position": "pre",  # pre (OpenNMT-py) | post (Marian)
+    "pos_ffn_activation_fn": "relu",  # relu | gelu | gelu-tanh | silu
+    "position_encoding_type": "SinusoidalInterleaved",  # or SinusoidalMarian
+    "scale_embedding": True, "max_position_embeddings": 5000,
 }
 
 
@@ -56,6 +65,11 @@ def model_options(opt: dict) -> dict:
         raise ValueError(f"unsupported rnn_type {full['rnn_type']!r}")
     if full["encoder_type"] not in ("rnn", "brnn"):
         raise ValueError(f"unsupported encoder_type {full['encoder_type']!r}")
+    for key, allowed in (("layer_norm_position", ("pre", "post")),
+                         ("pos_ffn_activation_fn", ACTIVATIONS),
+                         ("position_encoding_type", POSITION_ENCODINGS)):
+        if full[key] not in allowed:
+            raise ValueError(f"unsupported {key} {full[key]!r}")
     return full
 
 
@@ -76,7 +90,12 @@ def build_model(opt: dict, src_vocab_size: int, tgt_vocab_size: int, src_pad: in
     else:
         common = dict(dim=o["hidden_size"], heads=o["heads"], ff_dim=o["transformer_ff"],
                       dropout=o["dropout"], attention_dropout=o["attention_dropout"],
-                      qkv_bias=o["add_qkvbias"], ffn_bias=o["add_ffnbias"], eps=o["norm_eps"])
+                      qkv_bias=o["add_qkvbias"], ffn_bias=o["add_ffnbias"], eps=o["norm_eps"],
+                      activation=o["pos_ffn_activation_fn"],
+                      pre_norm=o["layer_norm_position"] == "pre",
+                      scale_embedding=o["scale_embedding"],
+                      positions=o["position_encoding_type"],
+                      max_positions=o["max_position_embeddings"])
         encoder = TransformerEncoder(src_vocab_size, src_pad, o["enc_layers"], **common)
         decoder = TransformerDecoder(tgt_vocab_size, tgt_pad, o["dec_layers"], **common)
         if o["share_embeddings"]:

@@ -1,4 +1,5 @@
-"""Pre-norm Transformer encoder and incremental decoder (OpenNMT-py layout)."""
+"""Transformer encoder and incremental decoder: OpenNMT-py's pre-norm layout, and the post-norm
+layout of Marian (Hugging Face ``MarianMTModel``) with the same modules in other places."""
 import math
 from typing import Dict, Optional, Tuple
 
@@ -10,9 +11,19 @@ from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.rnn import padding_mask
 from onmt_lite.models.state import StateFn, map_state, new_state
 
+ACTIVATIONS = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu,
+               "gelu-tanh": lambda x: nn.functional.gelu(x, approximate="tanh")}
+POSITION_ENCODINGS = ("SinusoidalInterleaved", "SinusoidalMarian")
 
-def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
-    """(max_len, dim) interleaved sin/cos position encodings."""
+
+def sinusoidal_table(max_len: int, dim: int, kind: str = "SinusoidalInterleaved") -> torch.Tensor:
+    """(max_len, dim) sin/cos position encodings: interleaved (OpenNMT-py), or Marian's sines
+    then cosines, computed as ``transformers`` does (float64, then float32)."""
+    if kind == "SinusoidalMarian":
+        j = torch.arange(dim, dtype=torch.float64)
+        angle = torch.arange(max_len, dtype=torch.float64).unsqueeze(1) / torch.pow(
+            10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)
+        return torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], 1).float()
     position = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
     div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float) * -(math.log(10000.0) / dim))
     table = torch.zeros(max_len, dim)
@@ -22,15 +33,16 @@ def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
 
 
 class PositionalEmbeddings(nn.Module):
-    """Word embeddings scaled by sqrt(dim), plus sinusoidal positions, then dropout."""
+    """Word embeddings scaled by sqrt(dim) (unless ``scale`` is off), plus sinusoidal
+    positions, then dropout."""
 
-    MAX_LEN = 5000
-
-    def __init__(self, vocab_size: int, dim: int, pad: int, dropout: float):
+    def __init__(self, vocab_size: int, dim: int, pad: int, dropout: float, scale: bool = True,
+                 positions: str = "SinusoidalInterleaved", max_len: int = 5000):
         super().__init__()
-        self.dim = dim
+        self.dim, self.max_len = dim, max_len
+        self.scale = math.sqrt(dim) if scale else 1.0
         self.embeddings = nn.Embedding(vocab_size, dim, padding_idx=pad)
-        self.register_buffer("pe", sinusoidal_table(self.MAX_LEN, dim), persistent=False)
+        self.register_buffer("pe", sinusoidal_table(max_len, dim, positions), persistent=False)
         self.dropout = nn.Dropout(dropout)
 
     @property
@@ -39,17 +51,20 @@ class PositionalEmbeddings(nn.Module):
 
     def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens (B, T) at positions start.. -> (B, T, dim)."""
-        if start + tokens.size(1) > self.MAX_LEN:
-            raise ValueError(f"sequence longer than {self.MAX_LEN} positions")
-        emb = self.embeddings(tokens) * math.sqrt(self.dim)
+        if start + tokens.size(1) > self.max_len:
+            raise ValueError(f"sequence longer than {self.max_len} positions")
+        emb = self.embeddings(tokens) * self.scale
         return self.dropout(emb + self.pe[start:start + tokens.size(1)])
 
 
 class FeedForward(nn.Module):
-    """Pre-norm position-wise feed-forward block with its residual connection."""
+    """Position-wise feed-forward block with its residual connection, normalised before
+    (pre-norm) or after (post-norm)."""
 
-    def __init__(self, dim: int, ff_dim: int, dropout: float, bias: bool, eps: float):
+    def __init__(self, dim: int, ff_dim: int, dropout: float, bias: bool, eps: float,
+                 activation: str = "relu", pre_norm: bool = True):
         super().__init__()
+        self.activation, self.pre_norm = ACTIVATIONS[activation], pre_norm
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.w_1 = nn.Linear(dim, ff_dim, bias=bias)
         self.w_2 = nn.Linear(ff_dim, dim, bias=bias)
@@ -57,34 +72,44 @@ class FeedForward(nn.Module):
         self.dropout_2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inter = self.dropout_1(torch.relu(self.w_1(self.layer_norm(x))))
+        if not self.pre_norm:
+            inter = self.dropout_1(self.activation(self.w_1(x)))
+            return self.layer_norm(self.dropout_2(self.w_2(inter)) + x)
+        inter = self.dropout_1(self.activation(self.w_1(self.layer_norm(x))))
         return self.dropout_2(self.w_2(inter)) + x
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps):
+    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
+                 activation="relu", pre_norm=True):
         super().__init__()
+        self.pre_norm = pre_norm
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
-        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
+        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps, activation, pre_norm)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        normed = self.layer_norm(x)
+        normed = self.layer_norm(x) if self.pre_norm else x
         keys, values = self.self_attn.project_kv(normed)
         context, _ = self.self_attn.attend(normed, keys, values, mask)
-        return self.feed_forward(self.dropout(context) + x)
+        x = self.dropout(context) + x
+        return self.feed_forward(x if self.pre_norm else self.layer_norm(x))
 
 
 class TransformerEncoder(nn.Module):
     def __init__(self, vocab_size, pad, layers, dim, heads, ff_dim, dropout, attention_dropout,
-                 qkv_bias=False, ffn_bias=False, eps=1e-6):
+                 qkv_bias=False, ffn_bias=False, eps=1e-6, activation="relu", pre_norm=True,
+                 scale_embedding=True, positions="SinusoidalInterleaved", max_positions=5000):
         super().__init__()
-        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout)
+        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout, scale_embedding,
+                                               positions, max_positions)
         self.layers = nn.ModuleList(
-            EncoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps)
+            EncoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
+                         activation, pre_norm)
             for _ in range(layers))
-        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+        # pre-norm ends with a normalisation; post-norm layers already end with one
+        self.layer_norm = nn.LayerNorm(dim, eps=eps) if pre_norm else nn.Identity()
 
     def forward(self, src: torch.Tensor, src_len: torch.Tensor):
         """src (B, S) -> memory (B, S, H); no final state."""
@@ -96,13 +121,15 @@ class TransformerEncoder(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps):
+    def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
+                 activation="relu", pre_norm=True):
         super().__init__()
+        self.pre_norm = pre_norm
         self.layer_norm_1 = nn.LayerNorm(dim, eps=eps)
         self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
         self.layer_norm_2 = nn.LayerNorm(dim, eps=eps)
         self.context_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
-        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps)
+        self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps, activation, pre_norm)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x, cache: Optional[KVCache], index: int, self_mask, mem_kv, src_mask,
@@ -114,28 +141,34 @@ class DecoderLayer(nn.Module):
         sequence); returns the output (B, T, H) and the context attention (B / group, h,
         group * T, S).
         """
-        normed = self.layer_norm_1(x)
+        normed = self.layer_norm_1(x) if self.pre_norm else x
         keys, values = self.self_attn.project_kv(normed)
         if cache is not None:
             keys, values = cache.append(index, keys, values)
         self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
         query = self.dropout(self_out) + x
-        ctx, attn = self.context_attn.attend(self.layer_norm_2(query), *mem_kv, src_mask,
-                                             group)
-        return self.feed_forward(self.dropout(ctx) + query), attn
+        if not self.pre_norm:
+            query = self.layer_norm_1(query)
+        ctx, attn = self.context_attn.attend(self.layer_norm_2(query) if self.pre_norm else query,
+                                             *mem_kv, src_mask, group)
+        out = self.dropout(ctx) + query
+        return self.feed_forward(out if self.pre_norm else self.layer_norm_2(out)), attn
 
 
 class TransformerDecoder(nn.Module):
     """Decoder with a key/value cache per layer, so a step costs O(length)."""
 
     def __init__(self, vocab_size, pad, layers, dim, heads, ff_dim, dropout, attention_dropout,
-                 qkv_bias=False, ffn_bias=False, eps=1e-6):
+                 qkv_bias=False, ffn_bias=False, eps=1e-6, activation="relu", pre_norm=True,
+                 scale_embedding=True, positions="SinusoidalInterleaved", max_positions=5000):
         super().__init__()
-        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout)
+        self.embeddings = PositionalEmbeddings(vocab_size, dim, pad, dropout, scale_embedding,
+                                               positions, max_positions)
         self.layers = nn.ModuleList(
-            DecoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps)
+            DecoderLayer(dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
+                         activation, pre_norm)
             for _ in range(layers))
-        self.layer_norm = nn.LayerNorm(dim, eps=eps)
+        self.layer_norm = nn.LayerNorm(dim, eps=eps) if pre_norm else nn.Identity()
         self.state: Dict[str, torch.Tensor] = {}
         self.cache: Optional[KVCache] = None  # the self-attention keys/values (init_state)
         self.group = 1  # decoder rows per row of the source entries (see state.py)

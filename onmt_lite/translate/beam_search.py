@@ -9,15 +9,15 @@ import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.greedy import Hypothesis
+from onmt_lite.translate.greedy import Hypothesis, force_eos
 from onmt_lite.translate.ngram_blocker import NgramBlocker
 
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: int, bos: int,
                 eos: int, max_length: int, n_best: int = 1, min_length: int = 0,
                 scorer: Optional[GNMTGlobalScorer] = None, stepwise_penalty: bool = False,
-                block_ngram_repeat: int = 0,
-                exclusion_tokens: frozenset = frozenset()) -> List[List[Hypothesis]]:
+                block_ngram_repeat: int = 0, exclusion_tokens: frozenset = frozenset(),
+                forced_eos: bool = False) -> List[List[Hypothesis]]:
     """Beam search over a batch; finished sentences leave the decoder state.
 
     Args:
@@ -66,6 +66,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
         # c. Candidate scores: min length, running score, length penalty, n-gram blocking.
         if step <= min_length:
             log_probs[:, eos] = FINISHED_SCORE
+        if forced_eos and step == max_length:
+            force_eos(log_probs, eos)
         curr = log_probs.add_(scores.view(-1, 1))  # in place: no new (rows, V) buffer
         length_penalty = scorer.length_penalty(step + 1)  # +1: the </s> that may follow
         if length_penalty != 1:

@@ -42,10 +42,18 @@ class Hypothesis:
     attn: torch.Tensor  # (len(tokens), src_len)
 
 
+def force_eos(log_probs: torch.Tensor, eos: int) -> None:
+    """</s> as the only choice, with log-probability 0 (Hugging Face's forced_eos_token_id at
+    the last step)."""
+    log_probs.fill_(float("-inf"))
+    log_probs[:, eos] = 0.0
+
+
 def greedy_search(model, src, src_len, *, bos: int, eos: int, max_length: int,
                   min_length: int = 0, scorer: GNMTGlobalScorer = None,
                   block_ngram_repeat: int = 0, exclusion_tokens: frozenset = frozenset(),
-                  sampler: Optional[Sampler] = None) -> List[Hypothesis]:
+                  sampler: Optional[Sampler] = None,
+                  forced_eos: bool = False) -> List[Hypothesis]:
     """Decodes a batch token by token; finished sentences leave the batch.
 
     Args:
@@ -71,6 +79,8 @@ def greedy_search(model, src, src_len, *, bos: int, eos: int, max_length: int,
         log_probs = model.log_probs(out)
         if step <= min_length:
             log_probs[:, eos] = FINISHED_SCORE
+        if forced_eos and step == max_length:
+            force_eos(log_probs, eos)
         lp = scorer.length_penalty(step + 1)
         curr = (log_probs + scores.unsqueeze(1)) / lp if lp != 1 else log_probs + scores.unsqueeze(1)
         if blocker:

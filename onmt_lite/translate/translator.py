@@ -10,15 +10,16 @@ from typing import Iterator, List, Optional, Sequence, Union
 import torch
 from tqdm import tqdm
 
-from onmt_lite.checkpoint import load_model
+from onmt_lite import marian
+from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.model import for_inference, replica
-from onmt_lite.transforms import SentencePieceTransform, build_transform
+from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
 from onmt_lite.translate.beam import Beam
 from onmt_lite.translate.beam_search import beam_search
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.greedy import Hypothesis, Sampler, greedy_search
+from onmt_lite.translate.greedy import Hypothesis, Sampler, force_eos, greedy_search
 from onmt_lite.translate.translation import Translation
 from onmt_lite.vocab import unknown_tokens_warning
 
@@ -47,6 +48,7 @@ class DecodingOptions:
     seed: int = -1
     src_seq_length_trunc: int = 0
     beam_engine: str = "batch"  # batch: beam_search.py; sentence: one Beam per sentence
+    forced_eos: bool = False  # </s> is the only choice at max_length (Hugging Face's rule)
 
     def validate(self) -> None:
         if self.beam_size < 1:
@@ -78,7 +80,7 @@ class Translator:
 
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None,
-                 inter_threads: int = 1, transform: Optional[SentencePieceTransform] = None):
+                 inter_threads: int = 1, transform: Optional[SubwordTransform] = None):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
         self.transform = transform  # raw text <-> pieces; None: whitespace-split tokens
         self.opt = options or DecodingOptions()
@@ -251,14 +253,15 @@ class Translator:
                 self.model, src, src_len, bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
                 max_length=max_length, min_length=self.opt.min_length, scorer=self.scorer,
                 block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
-                sampler=self.sampler)]
+                sampler=self.sampler, forced_eos=self.opt.forced_eos)]
         elif self.opt.beam_engine == "batch":
             hyps = beam_search(
                 self.model, src, src_len, beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
                 eos=self.tgt_vocab.eos, max_length=max_length, n_best=self.opt.n_best,
                 min_length=self.opt.min_length, scorer=self.scorer,
                 stepwise_penalty=self.opt.stepwise_penalty,
-                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion)
+                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
+                forced_eos=self.opt.forced_eos)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
@@ -283,11 +286,13 @@ class Translator:
         dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
         beams = [self._new_beam(max_length) for _ in range(src.size(0))]
         live = list(range(len(beams)))  # sentence of each block of k decoder rows
-        for _ in range(max_length):
+        for step in range(1, max_length + 1):
             # 2. One decoder step for the current tokens of all live beams.
             tokens = torch.cat([beams[b].get_current_state() for b in live]).to(self.device)
             out, attn = dec.step(tokens)
             log_probs = self.model.log_probs(out).cpu()
+            if self.opt.forced_eos and step == max_length:
+                force_eos(log_probs, self.tgt_vocab.eos)
             attn = attn.float().cpu()
             # 3. Each beam advances with its own rows; attention without source padding.
             select, still = [], []
@@ -388,23 +393,81 @@ def _device(gpu: Optional[int]) -> str:
 
 
 def build_translator(opt) -> Translator:
-    """Loads ``opt.model`` (native or OpenNMT-py 3.x) and returns a Translator.
+    """Loads ``opt.model`` (native or OpenNMT-py 3.x checkpoint, or Marian directory) and
+    returns a Translator.
 
     ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision``,
-    ``inter_threads`` and any DecodingOptions field.
+    ``inter_threads`` and any DecodingOptions field. A model's generation defaults (Marian)
+    apply to the options the user did not give: a dict's keys, or a namespace's
+    ``given_options``.
     """
     device = _device(_get(opt, "gpu", -1))
     model, ckpt = load_model(_get(opt, "model"), device)
-    transform = build_transform(lambda name: _get(opt, name), ckpt.opt, _get(opt, "model"))
     src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
+    fields = DecodingOptions.__dataclass_fields__
+    values = {name: _get(opt, name) for name in fields if _get(opt, name) is not None}
+    if ckpt.tokenizer.get("kind") == "marian":
+        if _get(opt, "transforms"):
+            raise TransformError("-transforms: a Marian model brings its own tokenizer "
+                                 "(source.spm, target.spm, vocab.json)")
+        transform = marian.build_tokenizer(ckpt.tokenizer, _get(opt, "model"))
+        _check_pieces_fit(transform, src_vocab, tgt_vocab)
+        given = _get(opt, "given_options")
+        given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
+        values.update(_generation_defaults(ckpt, given, values, model, _get(opt, "model")))
+    else:
+        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, _get(opt, "model"))
+        _check_pieces_fit(transform, src_vocab, tgt_vocab)
     del ckpt  # its weights are in the model now: free them before quantising, not after
     model = for_inference(model, device, bool(_get(opt, "int8", False)),
                           _get(opt, "precision", "fp32") or "fp32")
-    fields = DecodingOptions.__dataclass_fields__
-    options = DecodingOptions(**{name: _get(opt, name) for name in fields
-                                 if _get(opt, name) is not None})
-    max_src = None if model_type == "rnn" else model.encoder.embeddings.MAX_LEN
+    max_src = None if model_type == "rnn" else model.encoder.embeddings.max_len
+    if max_src is not None:  # the decoder's first input takes position 0
+        values["max_length"] = min(values.get("max_length", DecodingOptions.max_length),
+                                   model.decoder.embeddings.max_len - 1)
+    options = DecodingOptions(**values)
     inter_threads = _get(opt, "inter_threads")
     return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                       1 if inter_threads is None else inter_threads, transform)
 
+
+FITTING_SHARE = 0.5  # of a subword model's pieces that the model's vocabulary must hold
+
+
+def _check_pieces_fit(transform, src_vocab, tgt_vocab) -> None:
+    """Refuses a subword model made for another model: most of its pieces would be unknown."""
+    if not hasattr(transform, "pieces"):
+        return
+    for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
+        path, pieces = transform.pieces(side)
+        known = sum(piece in vocab.stoi for piece in pieces)
+        if pieces and known < FITTING_SHARE * len(pieces):
+            hint = "" if isinstance(transform, marian.MarianTokenizer) else \
+                f" (wrong -{side}_subword_model?)"
+            raise TransformError(f"{path}: does not fit the model's vocabulary: {known} of "
+                                 f"its {len(pieces)} pieces are in it{hint}")
+
+
+def _generation_defaults(ckpt, given: set, values: dict, model, path: str) -> dict:
+    """The DecodingOptions values a Marian model's generation settings give where the user
+    gave none, as ``generate()`` applies them; bans its banned tokens in ``model``."""
+    try:
+        settings, banned, forced = marian.decoding_settings(ckpt.generation, ckpt.tgt_vocab)
+    except marian.MarianError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    settings = {k: v for k, v in settings.items() if k not in given}
+    if "max_length_ratio" not in given:  # generate() has no limit from the source length
+        settings["max_length_ratio"] = 0.0
+    beam_size = settings.get("beam_size", values.get("beam_size", DecodingOptions.beam_size))
+    if "length_penalty" not in given and beam_size == 1:  # greedy scores: sums, as generate()
+        settings["length_penalty"] = "none"
+    settings["forced_eos"] = forced
+    if banned:  # -inf logits: never chosen, and the other tokens' log-probs renormalised
+        with torch.no_grad():
+            model.generator.bias[banned] = float("-inf")
+    applied = marian.describe({k: v for k, v in settings.items()
+                               if k not in ("max_length_ratio", "forced_eos")},
+                              banned, forced, ckpt.tgt_vocab)
+    if applied:
+        logger.info("the model's generation defaults apply: %s", applied)
+    return settings
