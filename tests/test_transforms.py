@@ -1,6 +1,7 @@
 """The onmt_tokenize and bpe transforms: pieces and text against pyonmttok and subword-nmt used
 as OpenNMT-py 3.5.1 uses them, on real Multi30k lines (../shared/data/multi30k); option errors;
 raw text through a checkpoint over pieces, given on the command line or named in the checkpoint."""
+import argparse
 import ast
 import io
 import os
@@ -340,8 +341,9 @@ OPENNMT_PY_CONSERVATIVE_AGGRESSIVE = [
 @needs_spm
 @needs_multi30k
 def test_opennmt_py_checkpoint_naming_onmt_tokenize(tmp_path):
-    data = torch.load(os.path.join(SPM_FIXTURE, "model.pt"), map_location="cpu",
-                      weights_only=False)
+    with torch.serialization.safe_globals([argparse.Namespace]):  # OpenNMT-py's options
+        data = torch.load(os.path.join(SPM_FIXTURE, "model.pt"), map_location="cpu",
+                          weights_only=True)
     opt = data["opt"]  # trained with sentencepiece: relabelled as onmt_tokenize over spm.model
     opt.transforms = ["onmt_tokenize", "filtertoolong"]
     opt.src_subword_type = opt.tgt_subword_type = "sentencepiece"
