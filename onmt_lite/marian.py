@@ -219,8 +219,8 @@ class MarianTokenizer:
     """
 
     def __init__(self, source_spm: bytes, target_spm: bytes, specials: Sequence[str],
-                 eos: str, separate_vocabs: bool = False, names: Sequence[str] = ("source.spm",
-                                                                                "target.spm")):
+                 eos: str, separate_vocabs: bool = False,
+                 names: Sequence[str] = ("source.spm", "target.spm")):
         self.src = _spm(source_spm, names[0])
         self.tgt = _spm(target_spm, names[1])
         self.names = dict(zip(("src", "tgt"), names))
