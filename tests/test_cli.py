@@ -164,6 +164,19 @@ def test_sampling_is_reproducible_with_seed(tiny_model, tmp_path):
     assert outs[0] == outs[1]
 
 
+def test_sampling_never_draws_a_blocked_token(tiny_model):
+    """As OpenNMT-py: -block_ngram_repeat edits the distribution a sample is drawn from."""
+    from onmt_lite.translate import build_translator
+    translator = build_translator({"model": tiny_model, "beam_size": 1, "seed": 1,
+                                   "random_sampling_topk": -1, "random_sampling_temp": 50.0,
+                                   "block_ngram_repeat": 1, "max_length": 8,
+                                   "max_length_ratio": 0})
+    results = translator.translate(["red cat runs big bird sits"] * 40)
+    for result in results:
+        assert len(set(result.preds[0])) == len(result.preds[0]), result.preds[0]
+        assert result.scores[0] > -1e4
+
+
 @pytest.mark.skipif(not os.path.exists(SHIPPED), reason="the shipped model is not in data/")
 def test_shipped_model_on_demo_sentences(tmp_path):
     out = tmp_path / "demo.de"

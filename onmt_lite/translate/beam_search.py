@@ -1,27 +1,46 @@
 """Batched beam search: every sentence of a batch advances with a few tensor operations a step.
 
 Same semantics, scores and results as one Beam per sentence (see beam.py); only bookkeeping of
-finished hypotheses touches Python lists, and only at steps where some hypothesis ends.
+finished hypotheses touches Python lists, and only at steps where some hypothesis ends. Greedy
+search and random sampling (sampling.py) are this loop with one hypothesis per sentence.
 """
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.greedy import Hypothesis, force_eos
 from onmt_lite.translate.ngram_blocker import NgramBlocker
+from onmt_lite.translate.sampling import Sampler
+
+
+@dataclass
+class Hypothesis:
+    tokens: List[int]  # without <s>, with </s> if it ended so
+    score: float
+    attn: torch.Tensor  # (len(tokens), src_len)
+
+
+def force_eos(log_probs: torch.Tensor, eos: int) -> None:
+    """</s> as the only choice, with log-probability 0 (Hugging Face's forced_eos_token_id at
+    the last step)."""
+    log_probs.fill_(float("-inf"))
+    log_probs[:, eos] = 0.0
 
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: int, bos: int,
                 eos: int, max_length: int, n_best: int = 1, min_length: int = 0,
                 scorer: Optional[GNMTGlobalScorer] = None, stepwise_penalty: bool = False,
                 block_ngram_repeat: int = 0, exclusion_tokens: frozenset = frozenset(),
-                forced_eos: bool = False) -> List[List[Hypothesis]]:
+                forced_eos: bool = False,
+                sampler: Optional[Sampler] = None) -> List[List[Hypothesis]]:
     """Beam search over a batch; finished sentences leave the decoder state.
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
+        sampler: with ``beam_size`` 1, draws each token from the step's distribution instead
+            of taking the best.
     Returns:
         for each sentence, its ``n_best`` hypotheses, best first.
     """
@@ -52,7 +71,7 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
     for step in range(1, max_length + 1):  # step = prefix length, <s> included
         n = len(live)
         # b. One decoder step for all live hypotheses.
-        if step == 1:
+        if step == 1 and k > 1:
             out, attn = dec.step(seqs[::k, -1])
             dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
             out, attn = out.repeat_interleave(k, dim=0), attn.repeat_interleave(k, dim=0)
@@ -68,14 +87,21 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
             log_probs[:, eos] = FINISHED_SCORE
         if forced_eos and step == max_length:
             force_eos(log_probs, eos)
+        allowed = None if sampler is None else log_probs.clone()  # what a sample draws from
         curr = log_probs.add_(scores.view(-1, 1))  # in place: no new (rows, V) buffer
         length_penalty = scorer.length_penalty(step + 1)  # +1: the </s> that may follow
         if length_penalty != 1:
             curr.div_(length_penalty)
         if blocker:
             blocker.block(curr)
+            if allowed is not None:
+                blocker.block(allowed)
         # d. The k best of each sentence's k * V candidates; their origins and tokens.
-        top_scores, ids = top_candidates(curr.view(n, k, vocab), k)  # (n, k)
+        if sampler is None:
+            top_scores, ids = top_candidates(curr.view(n, k, vocab), k)  # (n, k)
+        else:
+            ids = sampler.pick(allowed).view(n, 1)
+            top_scores = curr.gather(1, ids)
         scores = top_scores * length_penalty
         origin = torch.div(ids, vocab, rounding_mode="floor")
         tokens = ids - origin * vocab
@@ -128,7 +154,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, *, beam_size: i
                 prev_penalty = prev_penalty.index_select(0, keep_t)
             if blocker:
                 blocker.keep(rows.tolist())
-        dec.map_state(lambda state, dim: state.index_select(dim, select))
+        if k > 1 or len(keep) < n:  # one hypothesis per sentence stays where it is
+            dec.map_state(lambda state, dim: state.index_select(dim, select))
     return results
 
 

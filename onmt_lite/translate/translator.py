@@ -17,9 +17,9 @@ from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.model import for_inference, replica
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
 from onmt_lite.translate.beam import Beam
-from onmt_lite.translate.beam_search import beam_search
+from onmt_lite.translate.beam_search import Hypothesis, beam_search, force_eos
 from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.greedy import Hypothesis, Sampler, force_eos, greedy_search
+from onmt_lite.translate.sampling import Sampler
 from onmt_lite.translate.translation import Translation
 from onmt_lite.vocab import unknown_tokens_warning
 
@@ -248,20 +248,15 @@ class Translator:
             gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
             for t, i, score in zip(results, indices, gold):
                 t.gold, t.gold_score = tgt_tokens[i], score
-        if self.opt.beam_size == 1:
-            hyps = [[h] for h in greedy_search(
-                self.model, src, src_len, bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
-                max_length=max_length, min_length=self.opt.min_length, scorer=self.scorer,
-                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
-                sampler=self.sampler, forced_eos=self.opt.forced_eos)]
-        elif self.opt.beam_engine == "batch":
+        greedy = self.opt.beam_size == 1
+        if greedy or self.opt.beam_engine == "batch":
             hyps = beam_search(
                 self.model, src, src_len, beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
                 eos=self.tgt_vocab.eos, max_length=max_length, n_best=self.opt.n_best,
                 min_length=self.opt.min_length, scorer=self.scorer,
-                stepwise_penalty=self.opt.stepwise_penalty,
+                stepwise_penalty=self.opt.stepwise_penalty and not greedy,  # as OpenNMT-py
                 block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
-                forced_eos=self.opt.forced_eos)
+                forced_eos=self.opt.forced_eos, sampler=self.sampler)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
