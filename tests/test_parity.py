@@ -53,6 +53,7 @@ def _check_blocking_bug(case, model, only, results, report):
         assert len(ngrams) == len(set(ngrams)), f"repeated {n}-gram in line {trans.index}"
     report["divergent"] = report["mismatch"]
     report["mismatch"] = []
+    report["reproduced"] = buggy  # what OpenNMT-py's summary lines describe
 
 
 @pytest.mark.parametrize("model", parity.MODELS)
@@ -77,7 +78,10 @@ def test_parity_full(case_name, model):
     report, results = _check(case_name, model, None)
     if report.get("ties"):
         return  # a tied line changes the mean score; the lines themselves were checked above
-    for name, (ours, theirs) in parity.summary_check(case, model, results).items():
+    # with a bug of OpenNMT-py's, its summary scores describe its outputs: those of the
+    # bug-reproducing run
+    summarised = report.get("reproduced", results)
+    for name, (ours, theirs) in parity.summary_check(case, model, summarised).items():
         if theirs == float("-inf"):
             continue
         assert abs(ours - theirs) <= 1e-4, f"{name} SCORE {ours} vs OpenNMT-py {theirs}"
