@@ -304,6 +304,11 @@ def generation_defaults(folder: str, config: dict) -> dict:
     return {key: source[key] for key in GENERATION_KEYS if key in source}
 
 
+def _ids(value) -> List[int]:
+    """A generation setting's token id or ids as a list (None: none)."""
+    return [value] if isinstance(value, int) else list(value or [])
+
+
 def decoding_settings(generation: dict, tgt_vocab: Vocab,
                       origin: str = "generation_config.json") -> Tuple[dict, List[int], bool]:
     """Hugging Face generation settings -> (DecodingOptions values, banned token ids,
@@ -311,10 +316,9 @@ def decoding_settings(generation: dict, tgt_vocab: Vocab,
     for key, off in UNSUPPORTED.items():
         if generation.get(key, off) not in (off, [], {}):
             raise MarianError(f"{origin}: {key}={generation[key]!r} is not supported")
-    eos = generation.get("eos_token_id", tgt_vocab.eos)
-    if (eos if isinstance(eos, int) else list(eos)) not in (tgt_vocab.eos, [tgt_vocab.eos]):
-        raise MarianError(f"{origin}: eos_token_id {eos!r} is not the vocabulary's "
-                          f"{tgt_vocab.specials['eos']} ({tgt_vocab.eos})")
+    if _ids(generation.get("eos_token_id", tgt_vocab.eos)) != [tgt_vocab.eos]:
+        raise MarianError(f"{origin}: eos_token_id {generation['eos_token_id']!r} is not the "
+                          f"vocabulary's {tgt_vocab.specials['eos']} ({tgt_vocab.eos})")
     start = generation.get("decoder_start_token_id", tgt_vocab.bos)
     if start != tgt_vocab.bos:
         raise MarianError(f"{origin}: decoder_start_token_id {start} is not the vocabulary's "
@@ -336,8 +340,7 @@ def decoding_settings(generation: dict, tgt_vocab: Vocab,
             raise MarianError(f"{origin}: bad_words_ids of several tokens ({ids}) are not "
                               "supported")
         banned.append(ids[0])
-    forced = generation.get("forced_eos_token_id")
-    forced = [forced] if isinstance(forced, int) else list(forced or [])
+    forced = _ids(generation.get("forced_eos_token_id"))
     if forced and forced != [tgt_vocab.eos]:
         raise MarianError(f"{origin}: forced_eos_token_id {forced} is not </s>")
     return options, banned, bool(forced)

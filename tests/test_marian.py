@@ -101,6 +101,16 @@ def test_beam_search_runs_with_the_models_beam_size(opus_dir):
         assert len(result.preds[0]) <= translator.opt.max_length
 
 
+def test_both_beam_engines_force_the_end_at_the_limit(opus_dir):
+    """Random models rarely end on their own: at -max_length </s> is the only choice."""
+    runs = {}
+    for engine in ("batch", "sentence"):
+        results, translator = ours(opus_dir, beam_size=3, beam_engine=engine)
+        runs[engine] = [(r.preds[0], round(r.scores[0], 4)) for r in results]
+    assert runs["sentence"] == runs["batch"]
+    assert any(len(pred) == translator.opt.max_length - 1 for pred, _ in runs["batch"])
+
+
 def test_convert_writes_a_checkpoint_that_translates_identically(marian_dir, tmp_path):
     converted = str(tmp_path / "marian.pt")
     assert convert_cli.main(["-model", marian_dir, "-output", converted]) == 0

@@ -57,14 +57,28 @@ class PositionalEmbeddings(nn.Module):
         return self.dropout(emb + self.pe[start:start + tokens.size(1)])
 
 
-class FeedForward(nn.Module):
-    """Position-wise feed-forward block with its residual connection, normalised before
-    (pre-norm) or after (post-norm)."""
+class Residual(nn.Module):
+    """A block with residual connections whose layer norms act on each sub-layer's input
+    (pre-norm, OpenNMT-py) or on its output plus residual (post-norm, Marian)."""
+
+    def __init__(self, pre_norm: bool):
+        super().__init__()
+        self.pre_norm = pre_norm
+
+    def before(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def after(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x if self.pre_norm else norm(x)
+
+
+class FeedForward(Residual):
+    """Position-wise feed-forward block with its residual connection."""
 
     def __init__(self, dim: int, ff_dim: int, dropout: float, bias: bool, eps: float,
                  activation: str = "relu", pre_norm: bool = True):
-        super().__init__()
-        self.activation, self.pre_norm = ACTIVATIONS[activation], pre_norm
+        super().__init__(pre_norm)
+        self.activation = ACTIVATIONS[activation]
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.w_1 = nn.Linear(dim, ff_dim, bias=bias)
         self.w_2 = nn.Linear(ff_dim, dim, bias=bias)
@@ -72,29 +86,24 @@ class FeedForward(nn.Module):
         self.dropout_2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.pre_norm:
-            inter = self.dropout_1(self.activation(self.w_1(x)))
-            return self.layer_norm(self.dropout_2(self.w_2(inter)) + x)
-        inter = self.dropout_1(self.activation(self.w_1(self.layer_norm(x))))
-        return self.dropout_2(self.w_2(inter)) + x
+        inter = self.dropout_1(self.activation(self.w_1(self.before(self.layer_norm, x))))
+        return self.after(self.layer_norm, self.dropout_2(self.w_2(inter)) + x)
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(Residual):
     def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
                  activation="relu", pre_norm=True):
-        super().__init__()
-        self.pre_norm = pre_norm
+        super().__init__(pre_norm)
         self.layer_norm = nn.LayerNorm(dim, eps=eps)
         self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
         self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps, activation, pre_norm)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        normed = self.layer_norm(x) if self.pre_norm else x
+        normed = self.before(self.layer_norm, x)
         keys, values = self.self_attn.project_kv(normed)
         context, _ = self.self_attn.attend(normed, keys, values, mask)
-        x = self.dropout(context) + x
-        return self.feed_forward(x if self.pre_norm else self.layer_norm(x))
+        return self.feed_forward(self.after(self.layer_norm, self.dropout(context) + x))
 
 
 class TransformerEncoder(nn.Module):
@@ -120,11 +129,10 @@ class TransformerEncoder(nn.Module):
         return self.layer_norm(x), None
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Residual):
     def __init__(self, dim, heads, ff_dim, dropout, attention_dropout, qkv_bias, ffn_bias, eps,
                  activation="relu", pre_norm=True):
-        super().__init__()
-        self.pre_norm = pre_norm
+        super().__init__(pre_norm)
         self.layer_norm_1 = nn.LayerNorm(dim, eps=eps)
         self.self_attn = MultiHeadedAttention(heads, dim, attention_dropout, qkv_bias)
         self.layer_norm_2 = nn.LayerNorm(dim, eps=eps)
@@ -141,18 +149,16 @@ class DecoderLayer(nn.Module):
         sequence); returns the output (B, T, H) and the context attention (B / group, h,
         group * T, S).
         """
-        normed = self.layer_norm_1(x) if self.pre_norm else x
+        normed = self.before(self.layer_norm_1, x)
         keys, values = self.self_attn.project_kv(normed)
         if cache is not None:
             keys, values = cache.append(index, keys, values)
         self_out, _ = self.self_attn.attend(normed, keys, values, self_mask)
-        query = self.dropout(self_out) + x
-        if not self.pre_norm:
-            query = self.layer_norm_1(query)
-        ctx, attn = self.context_attn.attend(self.layer_norm_2(query) if self.pre_norm else query,
-                                             *mem_kv, src_mask, group)
-        out = self.dropout(ctx) + query
-        return self.feed_forward(out if self.pre_norm else self.layer_norm_2(out)), attn
+        query = self.after(self.layer_norm_1, self.dropout(self_out) + x)
+        ctx, attn = self.context_attn.attend(self.before(self.layer_norm_2, query), *mem_kv,
+                                             src_mask, group)
+        out = self.after(self.layer_norm_2, self.dropout(ctx) + query)
+        return self.feed_forward(out), attn
 
 
 class TransformerDecoder(nn.Module):

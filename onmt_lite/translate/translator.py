@@ -12,7 +12,6 @@ from tqdm import tqdm
 
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
-from onmt_lite.constants import EOS, UNK
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.model import for_inference, replica
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
@@ -335,12 +334,12 @@ class Translator:
         return gathered.sum(1).tolist()
 
     def _target_tokens(self, hyp: Hypothesis, src: List[str]) -> List[str]:
-        tokens = self.tgt_vocab.decode(hyp.tokens)
-        if tokens and tokens[-1] == EOS:
-            tokens = tokens[:-1]
+        ids = hyp.tokens[:-1] if hyp.tokens and hyp.tokens[-1] == self.tgt_vocab.eos \
+            else hyp.tokens
+        tokens = self.tgt_vocab.decode(ids)
         if self.opt.replace_unk:
-            for i, tok in enumerate(tokens):
-                if tok == UNK and hyp.attn.size(1) > 0:
+            for i, token_id in enumerate(ids):
+                if token_id == self.tgt_vocab.unk and hyp.attn.size(1) > 0:
                     tokens[i] = src[int(hyp.attn[i].argmax())]
         return tokens
 
