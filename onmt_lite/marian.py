@@ -286,14 +286,15 @@ GENERATION_KEYS = ("max_length", "max_new_tokens", "min_length", "min_new_tokens
                    "sequence_bias", "num_beam_groups", "diversity_penalty", "length_penalty",
                    "early_stopping", "exponential_decay_length_penalty", "force_words_ids")
 # settings whose effect onmt_lite lacks, with the value that means "off"
-UNSUPPORTED = {"do_sample": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-               "encoder_no_repeat_ngram_size": 0, "suppress_tokens": None,
+UNSUPPORTED = {"do_sample": False, "encoder_no_repeat_ngram_size": 0, "suppress_tokens": None,
                "begin_suppress_tokens": None, "forced_bos_token_id": None, "sequence_bias": None,
                "num_beam_groups": 1, "diversity_penalty": 0.0,
-               "exponential_decay_length_penalty": None, "force_words_ids": None,
-               "min_new_tokens": None}
-# beam-search settings of Hugging Face's beam search, which onmt_lite does not follow yet
-BEAM_ONLY = ("length_penalty", "early_stopping")
+               "exponential_decay_length_penalty": None, "force_words_ids": None}
+# settings of Hugging Face's search: honoured with -search hf; under OpenNMT-py's search
+# the beam's own rules ignore them, the others are refused
+HF_SEARCH = {"length_penalty": ("alpha", None), "early_stopping": ("early_stopping", None),
+             "renormalize_logits": ("renormalize_logits", None),
+             "no_repeat_ngram_size": ("block_ngram_repeat", 0)}
 
 
 def generation_defaults(folder: str, config: dict) -> dict:
@@ -309,10 +310,11 @@ def _ids(value) -> List[int]:
     return [value] if isinstance(value, int) else list(value or [])
 
 
-def decoding_settings(generation: dict, tgt_vocab: Vocab,
+def decoding_settings(generation: dict, tgt_vocab: Vocab, search: str = "onmt",
                       origin: str = "generation_config.json") -> Tuple[dict, List[int], bool]:
     """Hugging Face generation settings -> (DecodingOptions values, banned token ids,
-    forced </s> at the last step). Settings onmt_lite cannot honour are refused by name."""
+    forced </s> at the last step) under ``search`` (a preset name). Settings onmt_lite cannot
+    honour are refused by name."""
     for key, off in UNSUPPORTED.items():
         if generation.get(key, off) not in (off, [], {}):
             raise MarianError(f"{origin}: {key}={generation[key]!r} is not supported")
@@ -328,12 +330,23 @@ def decoding_settings(generation: dict, tgt_vocab: Vocab,
         options["max_length"] = generation["max_new_tokens"]
     elif "max_length" in generation:  # counts the decoder's start token too
         options["max_length"] = max(generation["max_length"] - 1, 1)
-    if "min_length" in generation:
-        options["min_length"] = max(generation["min_length"] - 1, 0)
+    minimum = max(generation.get("min_length", 0) - 1, generation.get("min_new_tokens") or 0)
+    if minimum > 0:
+        options["min_length"] = minimum
     if "num_beams" in generation:
         options["beam_size"] = generation["num_beams"]
     if "num_return_sequences" in generation:
         options["n_best"] = generation["num_return_sequences"]
+    if generation.get("repetition_penalty", 1.0) != 1.0:
+        options["repetition_penalty"] = generation["repetition_penalty"]
+    for key, (name, off) in HF_SEARCH.items():
+        value = generation.get(key)
+        if value is None:
+            continue
+        if search == "hf":
+            options[name] = str(value).lower() if key == "early_stopping" else value
+        elif off is not None and value != off:
+            raise MarianError(f"{origin}: {key}={value!r} needs -search hf")
     banned = []
     for ids in generation.get("bad_words_ids") or []:
         if len(ids) != 1:

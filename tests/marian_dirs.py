@@ -17,7 +17,7 @@ OPUS_GENERATION = {"bad_words_ids": "pad", "bos_token_id": 0, "decoder_start_tok
                    "num_beams": 4, "pad_token_id": "pad", "renormalize_logits": True}
 
 
-def _text(n: int, seed: int):
+def sentences(n: int, seed: int):
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10))).capitalize()
             + rng.choice([".", "!", "?", ""]) for _ in range(n)]
@@ -26,7 +26,7 @@ def _text(n: int, seed: int):
 def _spm(folder, name: str, seed: int) -> sentencepiece.SentencePieceProcessor:
     text = os.path.join(folder, f"{name}.txt")
     with open(text, "w", encoding="utf-8") as f:
-        f.write("\n".join(_text(300, seed)) + "\n")
+        f.write("\n".join(sentences(300, seed)) + "\n")
     sentencepiece.SentencePieceTrainer.train(input=text, model_prefix=os.path.join(folder, name),
                                              vocab_size=80, model_type="unigram", minloglevel=2)
     os.remove(text)
@@ -49,9 +49,10 @@ def _vocab(*models) -> dict:
 
 
 def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: bool = False,
-                 generation=OPUS_GENERATION, pad_bias: float = 0.0, **config) -> str:
-    """Writes a Marian directory; ``config`` overrides MarianConfig values; ``pad_bias`` is
-    added to the pad token's logit."""
+                 generation=OPUS_GENERATION, pad_bias: float = 0.0, eos_bias: float = 0.0,
+                 **config) -> str:
+    """Writes a Marian directory; ``config`` overrides MarianConfig values; ``pad_bias`` and
+    ``eos_bias`` are added to the pad and </s> tokens' logits."""
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
     folder = str(folder)
     os.makedirs(folder, exist_ok=True)
@@ -83,6 +84,7 @@ def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: boo
     with torch.no_grad():
         model.final_logits_bias.normal_(0, 0.5)
         model.final_logits_bias[0, pad] += pad_bias
+        model.final_logits_bias[0, 0] += eos_bias
     if generation is not None:
         values = {k: ([[pad]] if k == "bad_words_ids" else pad) if v == "pad" else v
                   for k, v in generation.items()}

@@ -154,7 +154,7 @@ class BlockingBugBeam:
 
 def buggy_blocking_translator(translator):
     """A copy of ``translator`` whose beams reproduce OpenNMT-py's blocking bug."""
-    from onmt_lite.translate.beam import Beam
+    from onmt_lite.search.beam import Beam
     from onmt_lite.translate.translator import Translator
 
     class BuggyBeam(BlockingBugBeam, Beam):
@@ -198,7 +198,7 @@ class TieRecordingBeam:
 
 def smallest_boundary_gaps(case: Case, model: str, translator_cache: dict, lines) -> dict:
     """{line: the smallest score gap at the beam boundary over the search of that line}."""
-    from onmt_lite.translate.beam import Beam
+    from onmt_lite.search.beam import Beam
     from onmt_lite.translate.translator import Translator
     results = run_case(case, model, translator_cache, only=set())  # builds the translator
     del results

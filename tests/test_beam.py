@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from onmt_lite.constants import BLOCKED_SCORE, FINISHED_SCORE
-from onmt_lite.translate.beam import Beam
-from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.beam import Beam
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import TINY_MODELS, make_model
 
-from onmt_lite.translate.beam_search import top_candidates
+from onmt_lite.search.candidates import top_candidates
 from onmt_lite.translate.translator import DecodingOptions, Translator
 from onmt_lite.vocab import Vocab
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
 
 torch.set_num_threads(1)
 

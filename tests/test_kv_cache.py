@@ -8,7 +8,7 @@ import torch
 
 from onmt_lite.models.kv_cache import INITIAL_CAPACITY, KVCache
 from onmt_lite.models.model import replica
-from onmt_lite.translate.beam_search import fill_gaps
+from onmt_lite.search.loop import fill_gaps
 
 ATOL = 1e-5
 

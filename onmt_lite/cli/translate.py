@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
                  "(not given: {'mode': 'none'})")
     g = parser.add_argument_group("Beam search")
+    add(g, "search", default="onmt", choices=["onmt", "hf"],
+        help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py) or "
+             "hf (Hugging Face generate); see the README's table")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
         help="hypotheses written per input line (at most -beam_size)")
@@ -69,10 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "ignore_when_blocking", nargs="+", default=[], help="tokens exempt from blocking")
     add(g, "replace_unk", action="store_true",
         help="replace <unk> by the source word with the highest attention")
+    add(g, "early_stopping", default="false", choices=["true", "false", "never"],
+        help="-search hf: stop a sentence when -beam_size hypotheses are finished (true), when "
+             "no running one can beat them (false), or bound that at -max_length (never)")
+    add(g, "repetition_penalty", type=number(above=0), default=1.0,
+        help="scores of tokens already in the hypothesis: times this when negative, divided "
+             "when positive (Hugging Face's; 1: off)")
+    add(g, "renormalize_logits", action="store_true",
+        help="-search hf: log-softmax again after bans, minimum length and penalties")
     g = parser.add_argument_group("Penalties")
     add(g, "length_penalty", default="avg", choices=["none", "avg", "wu"],
         help="none, avg (length^alpha) or wu (((5 + length) / 6)^alpha)")
-    add(g, "alpha", type=number(0), default=1.0, help="length penalty strength")
+    add(g, "alpha", type=number(), default=1.0,
+        help="length penalty strength (-search hf: generate's length_penalty)")
     add(g, "coverage_penalty", default="none", choices=["none", "wu", "summary"],
         help="penalty for source words the attention left uncovered")
     add(g, "beta", type=number(0), default=0.0, help="coverage penalty strength")

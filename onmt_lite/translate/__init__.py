@@ -1,6 +1,6 @@
-"""Search and the translator loop."""
-from onmt_lite.translate.beam import Beam
-from onmt_lite.translate.global_scorer import GNMTGlobalScorer
+"""The translator: files and lines in, translations out."""
+from onmt_lite.search.beam import Beam
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.translator import DecodingOptions, Translator, build_translator
 

@@ -14,11 +14,14 @@ from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.model import for_inference, replica
+from onmt_lite.search.beam import Beam
+from onmt_lite.search.candidates import Sampler
+from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.loop import beam_search
+from onmt_lite.search.presets import PRESETS, build_search
+from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
-from onmt_lite.translate.beam import Beam
-from onmt_lite.translate.beam_search import Hypothesis, beam_search, force_eos
-from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.sampling import Sampler
 from onmt_lite.translate.translation import Translation
 from onmt_lite.vocab import unknown_tokens_warning
 
@@ -46,8 +49,13 @@ class DecodingOptions:
     random_sampling_temp: float = 1.0
     seed: int = -1
     src_seq_length_trunc: int = 0
-    beam_engine: str = "batch"  # batch: beam_search.py; sentence: one Beam per sentence
+    beam_engine: str = "batch"  # batch: search/loop.py; sentence: one Beam per sentence
     forced_eos: bool = False  # </s> is the only choice at max_length (Hugging Face's rule)
+    search: str = "onmt"  # whose beam search: a name in search/presets.py
+    early_stopping: str = "false"  # Hugging Face's stopping rule (-search hf)
+    repetition_penalty: float = 1.0  # Hugging Face's (CTRL) repetition penalty; 1: off
+    banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
+    renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
 
     def validate(self) -> None:
         if self.beam_size < 1:
@@ -58,6 +66,20 @@ class DecodingOptions:
             raise ValueError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
         if self.beam_engine not in ("sentence", "batch"):
             raise ValueError("-beam_engine must be sentence or batch")
+        if self.search not in PRESETS:
+            raise ValueError(f"-search must be one of {', '.join(PRESETS)}")
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError("-repetition_penalty must be above 0")
+        if self.search != "onmt":
+            for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
+                                    ("stepwise_penalty", False), ("length_penalty", "avg")):
+                if getattr(self, name) != onmt_only:
+                    raise ValueError(f"-{name} is OpenNMT-py's: not available with "
+                                     f"-search {self.search}")
+        elif self.beam_engine == "sentence" and self.repetition_penalty != 1.0:
+            raise ValueError("-repetition_penalty needs -beam_engine batch")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
         if sampling and self.beam_size != 1:
             raise ValueError("random sampling needs -beam_size 1")
@@ -89,6 +111,7 @@ class Translator:
         self.inter_threads = inter_threads
         self.device = device
         self.model_max_src_len = model_max_src_len
+        self.preset = PRESETS[self.opt.search]
         self.scorer = GNMTGlobalScorer(self.opt.alpha, self.opt.beta, self.opt.length_penalty,
                                        self.opt.coverage_penalty)
         self.exclusion = frozenset(tgt_vocab.stoi[t] for t in self.opt.ignore_when_blocking
@@ -247,15 +270,13 @@ class Translator:
             gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
             for t, i, score in zip(results, indices, gold):
                 t.gold, t.gold_score = tgt_tokens[i], score
-        greedy = self.opt.beam_size == 1
-        if greedy or self.opt.beam_engine == "batch":
-            hyps = beam_search(
-                self.model, src, src_len, beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
-                eos=self.tgt_vocab.eos, max_length=max_length, n_best=self.opt.n_best,
-                min_length=self.opt.min_length, scorer=self.scorer,
-                stepwise_penalty=self.opt.stepwise_penalty and not greedy,  # as OpenNMT-py
-                block_ngram_repeat=self.opt.block_ngram_repeat, exclusion_tokens=self.exclusion,
-                forced_eos=self.opt.forced_eos, sampler=self.sampler)
+        if self.opt.beam_size == 1 or self.opt.beam_engine == "batch":
+            search = build_search(self.preset, self.opt, batch=src.size(0),
+                                  bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
+                                  max_length=max_length, banned=self.opt.banned_tokens,
+                                  exempt=self.exclusion, sampler=self.sampler)
+            hyps = beam_search(self.model, src, src_len, search, beam_size=self.opt.beam_size,
+                               bos=self.tgt_vocab.bos)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
@@ -285,6 +306,8 @@ class Translator:
             tokens = torch.cat([beams[b].get_current_state() for b in live]).to(self.device)
             out, attn = dec.step(tokens)
             log_probs = self.model.log_probs(out).cpu()
+            if self.opt.banned_tokens:
+                BannedTokens(self.opt.banned_tokens, renormalise=True)(log_probs, step, None)
             if self.opt.forced_eos and step == max_length:
                 force_eos(log_probs, self.tgt_vocab.eos)
             attn = attn.float().cpu()
@@ -400,15 +423,17 @@ def build_translator(opt) -> Translator:
     src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
     fields = DecodingOptions.__dataclass_fields__
     values = {name: _get(opt, name) for name in fields if _get(opt, name) is not None}
+    given = _get(opt, "given_options")
+    given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
+    if values.get("search", "onmt") != "onmt" and "max_length_ratio" not in given:
+        values["max_length_ratio"] = 0.0  # OpenNMT-py's limit: the other toolkits have none
     if ckpt.tokenizer.get("kind") == "marian":
         if _get(opt, "transforms"):
             raise TransformError("-transforms: a Marian model brings its own tokenizer "
                                  "(source.spm, target.spm, vocab.json)")
         transform = marian.build_tokenizer(ckpt.tokenizer, _get(opt, "model"))
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
-        given = _get(opt, "given_options")
-        given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
-        values.update(_generation_defaults(ckpt, given, values, model, _get(opt, "model")))
+        values.update(_generation_defaults(ckpt, given, values, _get(opt, "model")))
     else:
         transform = build_transform(lambda name: _get(opt, name), ckpt.opt, _get(opt, "model"))
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
@@ -442,25 +467,25 @@ def _check_pieces_fit(transform, src_vocab, tgt_vocab) -> None:
                                  f"its {len(pieces)} pieces are in it{hint}")
 
 
-def _generation_defaults(ckpt, given: set, values: dict, model, path: str) -> dict:
+def _generation_defaults(ckpt, given: set, values: dict, path: str) -> dict:
     """The DecodingOptions values a Marian model's generation settings give where the user
-    gave none, as ``generate()`` applies them; bans its banned tokens in ``model``."""
+    gave none, as ``generate()`` applies them."""
     try:
-        settings, banned, forced = marian.decoding_settings(ckpt.generation, ckpt.tgt_vocab)
+        settings, banned, forced = marian.decoding_settings(
+            ckpt.generation, ckpt.tgt_vocab, values.get("search", DecodingOptions.search))
     except marian.MarianError as err:
         raise CheckpointError(f"{path}: {err}") from None
     settings = {k: v for k, v in settings.items() if k not in given}
     if "max_length_ratio" not in given:  # generate() has no limit from the source length
         settings["max_length_ratio"] = 0.0
     beam_size = settings.get("beam_size", values.get("beam_size", DecodingOptions.beam_size))
-    if "length_penalty" not in given and beam_size == 1:  # greedy scores: sums, as generate()
+    onmt = values.get("search", DecodingOptions.search) == "onmt"
+    if onmt and "length_penalty" not in given and beam_size == 1:  # sums, as generate()
         settings["length_penalty"] = "none"
     settings["forced_eos"] = forced
-    if banned:  # -inf logits: never chosen, and the other tokens' log-probs renormalised
-        with torch.no_grad():
-            model.generator.bias[banned] = float("-inf")
+    settings["banned_tokens"] = banned
     applied = marian.describe({k: v for k, v in settings.items()
-                               if k not in ("max_length_ratio", "forced_eos")},
+                               if k not in ("max_length_ratio", "forced_eos", "banned_tokens")},
                               banned, forced, ckpt.tgt_vocab)
     if applied:
         logger.info("the model's generation defaults apply: %s", applied)

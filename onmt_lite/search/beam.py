@@ -4,8 +4,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from onmt_lite.constants import FINISHED_SCORE
-from onmt_lite.translate.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.ngram_blocker import NgramBlocker
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.processors import NgramBlocker
 
 
 class Beam:

@@ -1,0 +1,76 @@
+"""Candidate selection: which continuations of a step's hypotheses survive it.
+
+``TopK`` keeps the best ``width`` of each sentence's rows x V candidates; ``Sampler`` draws
+one token per hypothesis instead (random sampling with top-k, nucleus and temperature).
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The ``width`` best candidates of each sentence: ``beam_size`` (OpenNMT-py) or
+    2 x ``beam_size`` (fairseq, Hugging Face, CTranslate2, TensorFlow: enough to refill the beam
+    when some end). ``exact``: plain ``topk`` order among equal scores, as Hugging Face takes."""
+    width_factor: int = 1
+    exact: bool = False
+
+    def pick(self, scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(n, k, V) candidate scores -> values (n, width), best first, and indices (n, width)
+        into the flattened k * V."""
+        width = min(self.width_factor * k, scores.size(1) * scores.size(2))
+        if self.exact:
+            return scores.reshape(scores.size(0), -1).topk(width, dim=1)
+        return top_candidates(scores, width)
+
+
+@dataclass
+class Sampler:
+    """Random sampling: keep the ``topk`` best tokens (0 = all) or the smallest set whose
+    probability reaches ``topp`` (0 = off), divide the logits by ``temperature``, sample."""
+    topk: int = 0
+    topp: float = 0.0
+    temperature: float = 1.0
+    generator: Optional[torch.Generator] = None
+
+    def draw(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """(B, V) -> (B,) sampled token ids."""
+        logits = log_probs / max(self.temperature, 1e-6)
+        if self.topk > 0:
+            kth = logits.topk(min(self.topk, logits.size(1)), dim=1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.topp > 0:
+            sorted_logits, order = logits.sort(dim=1, descending=True)
+            cumulative = sorted_logits.softmax(1).cumsum(1)
+            drop = cumulative - sorted_logits.softmax(1) >= self.topp  # keep the first crossing
+            logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        return torch.multinomial(logits.softmax(1), 1, generator=self.generator).view(-1)
+
+
+def top_candidates(curr: torch.Tensor, k: int,
+                   group: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of each sentence's candidates: ``topk`` over its rows * V, faster
+    (equal values may come in another order).
+
+    A token of the top k lies in one of its row's k best groups (tokens v, v + V/group, ...,
+    ranked by their maximum), so only those k * group tokens per row are ranked in full.
+
+    Args:
+        curr: (n, rows, V) candidate scores.
+    Returns:
+        values (n, k), best first, and indices (n, k) into the flattened rows * V.
+    """
+    n, rows, vocab = curr.shape
+    width = vocab // group
+    if vocab % group or width < k:
+        return curr.reshape(n, rows * vocab).topk(k, dim=1)
+    grouped = curr.view(n * rows, group, width)
+    best_groups = grouped.amax(1).topk(k, dim=1).indices  # (n * rows, k)
+    members = grouped.gather(2, best_groups.unsqueeze(1).expand(-1, group, k))  # (n*rows, group, k)
+    values, picked = members.view(n, rows * group * k).topk(k, dim=1)
+    row = torch.div(picked, group * k, rounding_mode="floor")
+    member = torch.div(picked % (group * k), k, rounding_mode="floor")
+    column = best_groups.view(n, rows * k).gather(1, row * k + picked % k)
+    return values, row * vocab + member * width + column

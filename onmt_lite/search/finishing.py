@@ -1,0 +1,197 @@
+"""Finishing rules: how candidates are ranked, which end, which go on, and when a sentence is done.
+
+Both rules keep ``k`` running hypotheses per sentence, rows sentence-major (row = i * k + j).
+
+- ``OnmtSlots`` (OpenNMT-py): the ``k`` best candidates by length-penalised score all stay; one
+  that ends in ``</s>`` is recorded and holds its slot for that step. A sentence is done when
+  its top candidate ends and ``n_best`` hypotheses are finished.
+- ``RefillBeams`` (Hugging Face ``generate``): ranks by summed log-probability, takes 2k
+  candidates; an ending candidate among the first k enters a k-slot finished list (score
+  divided by generated length ** alpha, ``</s>`` counted); the k best non-ending candidates run
+  on. ``early_stopping``: ``true`` stops when k hypotheses are finished; ``false`` when the best
+  running hypothesis, normalised by the current length, cannot beat the worst finished one;
+  ``never`` the same bound at ``max_length`` when alpha > 0.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from onmt_lite.constants import FINISHED_SCORE
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
+
+HF_EXCLUDED = -1.0e9  # Hugging Face's additive mask for beams that may not be chosen
+
+
+@dataclass
+class Hypothesis:
+    tokens: List[int]  # without <s>, with </s> if it ended so
+    score: float
+    attn: torch.Tensor  # (len(tokens), src_len)
+
+
+# (candidate row) -> (token ids without <s>, attention (len, src_len)) of that candidate
+CandidatePath = Callable[[int], Tuple[torch.Tensor, torch.Tensor]]
+
+
+class OnmtSlots:
+    """OpenNMT-py's beam search (see the module docstring), with GNMTGlobalScorer penalties."""
+    width_factor = 1
+
+    def __init__(self, scorer: GNMTGlobalScorer, eos: int, max_length: int, n_best: int,
+                 stepwise_penalty: bool = False):
+        self.scorer, self.eos, self.max_length, self.n_best = scorer, eos, max_length, n_best
+        self.stepwise = stepwise_penalty and scorer.has_cov_pen
+
+    def start(self, batch: int, k: int, padding: torch.Tensor) -> None:
+        """``padding``: (batch * k, S) source padding of each row (full coverage: no penalty)."""
+        self.k, self.padding = k, padding
+        self.scores = torch.full((batch, k), float("-inf"), device=padding.device)
+        self.scores[:, 0] = 0.0  # the first step extends hypothesis 0 only
+        self.coverage: Optional[torch.Tensor] = None  # (rows, S) summed attention
+        self.prev_penalty: Optional[torch.Tensor] = None  # (n, k)
+        self.finished: List[list] = [[] for _ in range(batch)]  # (score, tokens, attn)
+
+    def _cov_penalty(self, coverage: torch.Tensor) -> torch.Tensor:
+        return self.scorer.cov_penalty(coverage.masked_fill(self.padding, 1.0))
+
+    def rank(self, log_probs: torch.Tensor, step: int, attn: torch.Tensor) -> torch.Tensor:
+        """(rows, V) step log-probs -> candidate scores, in place: running score added,
+        divided by the length penalty of a hypothesis that ends after this token."""
+        n = self.scores.size(0)
+        if self.stepwise and self.prev_penalty is not None:
+            self.scores = (self.scores + self.prev_penalty
+                           - self._cov_penalty(self.coverage + attn).view(n, self.k))
+        curr = log_probs.add_(self.scores.view(-1, 1))  # in place: no new (rows, V) buffer
+        self.lp = self.scorer.length_penalty(step + 1)  # +1: the </s> that may follow
+        if self.lp != 1:
+            curr.div_(self.lp)
+        return curr
+
+    def advance(self, values: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, step: int,
+                attn: torch.Tensor, path: CandidatePath
+                ) -> Tuple[Optional[torch.Tensor], Dict[int, List[Hypothesis]]]:
+        """Takes the step's chosen candidates: ``values``, ``rows`` (origin rows) and ``tokens``,
+        (n, k) each, ``attn`` (n * k, S) their attention. Returns which candidates run on (None:
+        all, in order) and the n-best lists of the sentences done at this step."""
+        n, k = values.shape
+        top = values
+        scores = values * self.lp
+        if self.scorer.has_cov_pen:  # coverage follows the chosen paths
+            if self.coverage is None:
+                self.coverage, self.prev_penalty = attn, torch.zeros_like(scores)
+            else:
+                self.coverage = self.coverage.index_select(0, rows.view(-1)) + attn
+                self.prev_penalty = self._cov_penalty(self.coverage).view(n, k)
+            if not self.stepwise:
+                top = top - self._cov_penalty(self.coverage).view(n, k)
+        ended = tokens.eq(self.eos) if step < self.max_length else torch.ones_like(
+            tokens, dtype=torch.bool)
+        done = {}
+        if bool(ended.any()):
+            scores = scores.masked_fill(ended, FINISHED_SCORE)
+            ended_rows, top = ended.tolist(), top.tolist()
+            for i in range(n):
+                for j in (j for j in range(k) if ended_rows[i][j]):
+                    self.finished[i].append((top[i][j], *path(i * k + j)))
+                if ended_rows[i][0] and len(self.finished[i]) >= self.n_best:
+                    ranked = sorted(self.finished[i], key=lambda f: f[0], reverse=True)
+                    done[i] = [Hypothesis(t.tolist(), s, a) for s, t, a in ranked[:self.n_best]]
+        self.scores = scores
+        return None, done
+
+    def keep(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keeps the state of ``sentences`` (their ``rows``), in that order."""
+        self.scores = self.scores.index_select(0, sentences)
+        self.padding = self.padding.index_select(0, rows)
+        if self.coverage is not None:
+            self.coverage = self.coverage.index_select(0, rows)
+            self.prev_penalty = self.prev_penalty.index_select(0, sentences)
+        self.finished = [self.finished[i] for i in sentences.tolist()]
+
+
+EARLY_STOPPING = ("true", "false", "never")
+
+
+class RefillBeams:
+    """Hugging Face ``generate``'s beam search (transformers 5; see the module docstring)."""
+    width_factor = 2
+
+    def __init__(self, eos: int, max_length: int, n_best: int, alpha: float = 1.0,
+                 early_stopping: str = "false"):
+        if early_stopping not in EARLY_STOPPING:
+            raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
+        self.eos, self.max_length, self.n_best, self.alpha = eos, max_length, n_best, alpha
+        self.early_stopping = early_stopping
+
+    def start(self, batch: int, k: int, padding: torch.Tensor) -> None:
+        device = padding.device
+        self.k = k
+        self.running = torch.zeros((batch, k), device=device)
+        self.running[:, 1:] = HF_EXCLUDED  # the first step extends hypothesis 0 only
+        self.best = torch.full((batch, k), HF_EXCLUDED, device=device)  # finished, best first
+        self.is_finished = torch.zeros((batch, k), dtype=torch.bool, device=device)
+        self.improvable = torch.ones(batch, dtype=torch.bool, device=device)
+        self.slots: List[List[Optional[tuple]]] = [[None] * k for _ in range(batch)]
+
+    def rank(self, log_probs: torch.Tensor, step: int, attn: torch.Tensor) -> torch.Tensor:
+        return log_probs.add_(self.running.view(-1, 1))
+
+    def advance(self, values, rows, tokens, step, attn, path):
+        """As OnmtSlots.advance, with 2k candidates; returns the k that run on, (n, k)."""
+        n, width = values.shape
+        k = self.k
+        ends = tokens.eq(self.eos) | (step >= self.max_length)
+        # The k best candidates that did not end run on.
+        running = values + ends.float() * HF_EXCLUDED
+        going_on = running.topk(k, dim=1).indices
+        self.running = running.gather(1, going_on)
+        # Candidates among the first k that ended compete for the k finished slots.
+        finishing = ends.clone()
+        finishing[:, k:] = False
+        normalised = values / (step ** self.alpha)
+        if self.early_stopping == "true":
+            normalised = normalised + self.is_finished.all(1, keepdim=True).float() * HF_EXCLUDED
+        normalised = normalised + (~self.improvable).float().unsqueeze(1) * HF_EXCLUDED
+        normalised = normalised + (~finishing).float() * HF_EXCLUDED
+        merged = torch.cat([self.best, normalised], dim=1)
+        chosen = merged.topk(k, dim=1).indices
+        if bool(finishing.any()):
+            for i, picks in enumerate(chosen.tolist()):
+                if any(j >= k for j in picks):
+                    self.slots[i] = [self.slots[i][j] if j < k else path(i * width + j - k)
+                                     for j in picks]
+        self.best = merged.gather(1, chosen)
+        self.is_finished = torch.cat([self.is_finished, finishing], dim=1).gather(1, chosen)
+        # Can a running hypothesis still beat the worst finished one?
+        length = self.max_length if self.early_stopping == "never" and self.alpha > 0 else step
+        best_possible = self.running[:, :1] / (length ** self.alpha)
+        worst = torch.where(self.is_finished, self.best.min(1, keepdim=True).values,
+                            torch.tensor(HF_EXCLUDED, device=values.device))
+        self.improvable &= (best_possible > worst).any(1)
+        over = ~self.improvable
+        if self.early_stopping == "true":
+            over |= self.is_finished.all(1)
+        if step >= self.max_length:
+            over[:] = True
+        done = {}
+        if bool(over.any()):
+            scores = self.best.tolist()
+            for i in over.nonzero().view(-1).tolist():
+                done[i] = [_finished(slot, score) for slot, score
+                           in zip(self.slots[i][:self.n_best], scores[i][:self.n_best])]
+        return going_on, done
+
+    def keep(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
+        self.running = self.running.index_select(0, sentences)
+        self.best = self.best.index_select(0, sentences)
+        self.is_finished = self.is_finished.index_select(0, sentences)
+        self.improvable = self.improvable.index_select(0, sentences)
+        self.slots = [self.slots[i] for i in sentences.tolist()]
+
+
+def _finished(slot: Optional[tuple], score: float) -> Hypothesis:
+    if slot is None:  # a slot no hypothesis reached (every candidate ended early)
+        return Hypothesis([], score, torch.zeros(0, 0))
+    tokens, attn = slot
+    return Hypothesis(tokens.tolist(), score, attn)

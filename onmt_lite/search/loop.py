@@ -1,0 +1,148 @@
+"""The search loop: every sentence of a batch advances with a few tensor operations a step.
+
+One loop serves every search: a ``Search`` names its processors, its candidate selection and
+its finishing rule (see presets.py). With the OpenNMT rule it has the semantics, scores and
+results of one Beam per sentence (beam.py). Greedy search and sampling are this loop with one
+hypothesis per sentence. Only bookkeeping of finished hypotheses touches Python lists, and only
+at steps where some hypothesis ends.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+from onmt_lite.search.candidates import Sampler, TopK
+from onmt_lite.search.finishing import Hypothesis
+from onmt_lite.search.processors import Processor
+
+
+@dataclass
+class Search:
+    """One search, as the loop runs it.
+
+    Args:
+        rule: the finishing rule (finishing.py), made for this batch.
+        processors: edit the step's log-probabilities (min length, bans, penalties).
+        candidate_processors: edit the ranked candidate scores (OpenNMT-py's n-gram block).
+        selection: TopK, or a Sampler (one hypothesis per sentence).
+        on_logits: processors edit logits, normalised after them (Hugging Face's greedy).
+    """
+    rule: object
+    processors: Sequence[Processor] = ()
+    candidate_processors: Sequence[Processor] = ()
+    selection: object = field(default_factory=TopK)
+    on_logits: bool = False
+
+
+def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
+                beam_size: int, bos: int) -> List[List[Hypothesis]]:
+    """Searches a batch; finished sentences leave the decoder state.
+
+    Args:
+        src: (B, S) source ids; src_len: (B,) lengths.
+    Returns:
+        for each sentence, its n-best hypotheses, best first.
+    """
+    k, batch, dec, device = beam_size, src.size(0), model.decoder, src.device
+    rule, sampler = search.rule, search.selection
+    sampling = isinstance(sampler, Sampler)
+    processors = list(search.processors) + list(search.candidate_processors)
+    # a. Encode once. The first step extends hypothesis 0 only, so it runs on one row per
+    # sentence; then every state row is repeated k times (rows are sentence-major: b * k + j).
+    memory, final = model.encode(src, src_len)
+    dec.init_state(src_len, memory, final)
+    live = list(range(batch))  # original sentence of each block of k rows
+    seqs = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)  # (rows, t)
+    attn_hist = torch.zeros(batch * k, 0, src.size(1), device=device)  # (rows, t, S)
+    padding = (torch.arange(src.size(1), device=device) >= src_len.unsqueeze(1)
+               ).repeat_interleave(k, dim=0)  # (rows, S)
+    rule.start(batch, k, padding)
+    lengths = src_len.tolist()
+    results: List[Optional[List[Hypothesis]]] = [None] * batch
+
+    for step in range(1, rule.max_length + 1):  # step = prefix length, <s> included
+        n = len(live)
+        # b. One decoder step for all live hypotheses.
+        if step == 1 and k > 1:
+            out, attn = dec.step(seqs[::k, -1])
+            dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
+            out, attn = out.repeat_interleave(k, dim=0), attn.repeat_interleave(k, dim=0)
+        else:
+            out, attn = dec.step(seqs[:, -1])
+        attn = attn.float()
+        # c. Processors edit the step's log-probs; the rule ranks the candidates.
+        if search.on_logits:
+            logits = model.generator(out).float()  # (n * k, V)
+            for processor in search.processors:
+                processor(logits, step, seqs)
+            log_probs = torch.log_softmax(logits, dim=-1)
+        else:
+            log_probs = model.log_probs(out)  # (n * k, V)
+            for processor in search.processors:
+                processor(log_probs, step, seqs)
+        vocab = log_probs.size(1)
+        allowed = log_probs.clone() if sampling else None  # what a sample draws from
+        ranked = rule.rank(log_probs, step, attn)
+        for processor in search.candidate_processors:
+            processor(ranked, step, seqs)
+            if allowed is not None:
+                processor(allowed, step, seqs)
+        # d. The chosen candidates of each sentence: their origin rows and tokens.
+        if sampling:
+            ids = sampler.draw(allowed).view(n, 1)
+            values = ranked.gather(1, ids)
+        else:
+            values, ids = sampler.pick(ranked.view(n, k, vocab), k)  # (n, width)
+        width = ids.size(1)
+        origin = torch.div(ids, vocab, rounding_mode="floor")
+        tokens = ids - origin * vocab
+        rows = origin + torch.arange(n, device=device).unsqueeze(1) * k  # (n, width)
+        flat = rows.view(-1)
+        cand_seqs = torch.cat([seqs.index_select(0, flat), tokens.view(-1, 1)], dim=1)
+        cand_attn = attn.index_select(0, flat)
+        cand_hist = torch.cat([attn_hist.index_select(0, flat), cand_attn.unsqueeze(1)], dim=1)
+
+        def path(c: int):  # candidate c's tokens and attention, without source padding
+            return cand_seqs[c, 1:], cand_hist[c, :, :lengths[live[c // width]]]
+
+        # e. The rule records what ended and says what runs on and which sentences are done.
+        going_on, done = rule.advance(values, rows, tokens, step, cand_attn, path)
+        if going_on is not None:  # (n, k) of the width candidates
+            chosen = (going_on + torch.arange(n, device=device).unsqueeze(1) * width).view(-1)
+            select, tokens = flat.index_select(0, chosen), tokens.view(-1).index_select(0, chosen)
+            seqs, attn_hist = cand_seqs.index_select(0, chosen), cand_hist.index_select(0, chosen)
+        else:
+            select, seqs, attn_hist = flat, cand_seqs, cand_hist
+        if any(p.stateful for p in processors):
+            select_list, token_list = select.tolist(), tokens.view(-1).tolist()
+            for processor in processors:
+                processor.advance(select_list, token_list)
+        keep = list(range(n))
+        if done:
+            for i, nbest in done.items():
+                results[live[i]] = nbest
+            keep = [i for i in range(n) if i not in done]
+            if not keep:
+                break
+        # f. Reorder the decoder state by the chosen origins, dropping finished sentences.
+        if len(keep) < n:
+            keep = fill_gaps(keep)
+            kept_rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=device)
+            live = [live[i] for i in keep]
+            rule.keep(torch.tensor(keep, device=device), kept_rows)
+            select = select.index_select(0, kept_rows)
+            seqs, attn_hist = seqs.index_select(0, kept_rows), attn_hist.index_select(0, kept_rows)
+            if any(p.stateful for p in processors):
+                rows_list = kept_rows.tolist()
+                for processor in processors:
+                    processor.keep(rows_list)
+        if k > 1 or len(keep) < n:  # one hypothesis per sentence stays where it is
+            dec.map_state(lambda state, dim: state.index_select(dim, select))
+    return results
+
+
+def fill_gaps(keep: List[int]) -> List[int]:
+    """The sentences ``keep`` in a new order: those below ``len(keep)`` keep their place, the
+    others fill the places of sentences that left, so the decoder's cache moves only those."""
+    kept, movers = set(keep), iter(i for i in keep if i >= len(keep))
+    return [i if i in kept else next(movers) for i in range(len(keep))]

@@ -1,0 +1,89 @@
+"""Presets: each toolkit's beam search as a frozen record of choices, and the Search it builds.
+
+Under a preset the shared flags mean what that toolkit's parameter of the same role means
+(README, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face ``generate``
+(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is.
+"""
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from onmt_lite.constants import FINISHED_SCORE
+from onmt_lite.search.candidates import Sampler, TopK
+from onmt_lite.search.finishing import OnmtSlots, RefillBeams
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.loop import Search
+from onmt_lite.search.processors import (
+    NEG_INF,
+    BannedTokens,
+    ForcedEOS,
+    MinLength,
+    NgramBlocker,
+    NoRepeatNgram,
+    Renormalise,
+    RepetitionPenalty,
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The choices that make one toolkit's search.
+
+    rule: ``slots`` (OpenNMT-py: a finished hypothesis holds its slot) or ``refill`` (2k
+        candidates, the beam refilled with running ones).
+    min_length_score: what ``</s>`` gets before ``-min_length`` tokens.
+    ngram_block: ``onmt`` (on candidate scores, -ignore_when_blocking exempt) or
+        ``no_repeat`` (no_repeat_ngram_size: on log-probs, -inf).
+    ban_renormalises: banned tokens leave the others' log-probs summing to 1.
+    greedy_on_logits: with one hypothesis, processors act on logits and greedy picks the
+        argmax (Hugging Face's ``num_beams=1``).
+    """
+    name: str
+    rule: str
+    min_length_score: float
+    ngram_block: str
+    ban_renormalises: bool
+    greedy_on_logits: bool = False
+
+
+PRESETS = {
+    "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True),
+    "hf": Preset("hf", "refill", NEG_INF, "no_repeat", ban_renormalises=False,
+                 greedy_on_logits=True),
+}
+
+
+def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_length: int,
+                 banned: Sequence[int] = (), exempt: frozenset = frozenset(),
+                 sampler: Optional[Sampler] = None) -> Search:
+    """The Search for one batch of ``batch`` sentences under ``preset`` and DecodingOptions
+    ``opt`` (its shared flags read in the preset's meaning)."""
+    k = opt.beam_size
+    greedy = k == 1
+    on_logits = preset.greedy_on_logits and greedy
+    processors = []  # in Hugging Face's order; a renormalising ban comes first
+    if banned:
+        processors.append(BannedTokens(banned, preset.ban_renormalises and not on_logits))
+    if opt.repetition_penalty != 1.0:
+        processors.append(RepetitionPenalty(opt.repetition_penalty))
+    if opt.block_ngram_repeat > 0 and preset.ngram_block == "no_repeat":
+        processors.append(NoRepeatNgram(opt.block_ngram_repeat))
+    if opt.min_length > 0:
+        processors.append(MinLength(opt.min_length, eos, preset.min_length_score))
+    if opt.forced_eos:
+        processors.append(ForcedEOS(max_length, eos))
+    if opt.renormalize_logits and preset.name == "hf":
+        processors.append(Renormalise())
+    candidate_processors = []
+    if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
+        candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
+    if preset.rule == "slots" or greedy:
+        penalties = ("none", "none") if preset.rule != "slots" else (
+            opt.length_penalty, opt.coverage_penalty)
+        scorer = GNMTGlobalScorer(opt.alpha, opt.beta, *penalties)
+        rule = OnmtSlots(scorer, eos, max_length, opt.n_best,
+                         stepwise_penalty=opt.stepwise_penalty and not greedy)  # as OpenNMT-py
+        selection = sampler or TopK()
+    else:
+        rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
+        selection = TopK(width_factor=rule.width_factor, exact=True)
+    return Search(rule, processors, candidate_processors, selection, on_logits)

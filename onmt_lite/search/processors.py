@@ -1,0 +1,158 @@
+"""Processors: small objects that edit one step's scores, (rows, V), before candidates are chosen.
+
+Each is called as ``processor(scores, step, history)`` where ``step`` is the prefix length
+(``<s>`` included) and ``history`` the (rows, step) token ids of the hypotheses, ``<s>`` first.
+A processor that keeps per-row state follows the hypotheses through ``advance`` (row r becomes
+row ``origins[r]`` extended by ``tokens[r]``) and ``keep`` (rows of sentences that stay).
+"""
+from typing import Dict, List, Sequence, Set
+
+import torch
+
+from onmt_lite.constants import BLOCKED_SCORE
+
+NEG_INF = float("-inf")
+
+
+class Processor:
+    stateful = False  # keeps per-row state: follows advance and keep
+
+    def __call__(self, scores: torch.Tensor, step: int, history: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def advance(self, origins: Sequence[int], tokens: Sequence[int]) -> None:
+        pass
+
+    def keep(self, rows: Sequence[int]) -> None:
+        pass
+
+
+class MinLength(Processor):
+    """``</s>`` gets ``value`` while fewer than ``min_length`` tokens precede it."""
+
+    def __init__(self, min_length: int, eos: int, value: float):
+        self.min_length, self.eos, self.value = min_length, eos, value
+
+    def __call__(self, scores, step, history):
+        if step <= self.min_length:
+            scores[:, self.eos] = self.value
+
+
+class ForcedEOS(Processor):
+    """``</s>`` as the only choice, with log-probability 0, at the last step (Hugging Face's
+    ``forced_eos_token_id``)."""
+
+    def __init__(self, max_length: int, eos: int):
+        self.max_length, self.eos = max_length, eos
+
+    def __call__(self, scores, step, history):
+        if step == self.max_length:
+            force_eos(scores, self.eos)
+
+
+def force_eos(scores: torch.Tensor, eos: int) -> None:
+    scores.fill_(NEG_INF)
+    scores[:, eos] = 0.0
+
+
+class BannedTokens(Processor):
+    """Tokens never generated (Hugging Face's single-token ``bad_words_ids``). ``renormalise``:
+    the other tokens' log-probabilities sum to 1 again, as when the ban acts on logits (greedy
+    ``generate``); Hugging Face's beam search bans after the softmax and does not."""
+
+    def __init__(self, ids: Sequence[int], renormalise: bool):
+        self.ids, self.renormalise = list(ids), renormalise
+
+    def __call__(self, scores, step, history):
+        scores[:, self.ids] = NEG_INF
+        if self.renormalise:
+            scores.copy_(torch.log_softmax(scores, dim=-1))
+
+
+class Renormalise(Processor):
+    """Log-probabilities that sum to 1 again after the other processors (Hugging Face's
+    ``renormalize_logits``)."""
+
+    def __call__(self, scores, step, history):
+        scores.copy_(torch.log_softmax(scores, dim=-1))
+
+
+class RepetitionPenalty(Processor):
+    """Hugging Face's ``repetition_penalty`` (CTRL): a token already in the hypothesis (``<s>``
+    included) has its score multiplied by ``penalty`` where negative, divided where positive."""
+
+    def __init__(self, penalty: float):
+        self.penalty = penalty
+
+    def __call__(self, scores, step, history):
+        seen = scores.gather(1, history)
+        seen = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        scores.scatter_(1, history, seen)
+
+
+class NoRepeatNgram(Processor):
+    """Hugging Face's and fairseq's ``no_repeat_ngram_size``: a token that would complete an
+    n-gram already in the hypothesis (``<s>`` included) gets -inf."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __call__(self, scores, step, history):
+        if step + 1 < self.n:
+            return
+        n = self.n
+        for row, seq in enumerate(history.tolist()):
+            prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+            banned = {seq[i + n - 1] for i in range(len(seq) - n + 1)
+                      if tuple(seq[i:i + n - 1]) == prefix}
+            if banned:
+                scores[row, list(banned)] = NEG_INF
+
+
+class NgramBlocker(Processor):
+    """OpenNMT-py's ``block_ngram_repeat``: forbids tokens that would repeat an n-gram of a
+    hypothesis, with BLOCKED_SCORE on the candidate scores.
+
+    Each hypothesis row keeps its token sequence and a table {(n-1)-gram: next tokens seen};
+    n-grams that touch an exempt token are not recorded.
+    """
+
+    stateful = True
+
+    def __init__(self, n: int, rows: int, bos: int, exempt: frozenset = frozenset()):
+        self.n, self.exempt = n, exempt
+        self.seqs: List[List[int]] = [[bos] for _ in range(rows)]
+        self.tables: List[Dict[tuple, Set[int]]] = [dict() for _ in range(rows)]
+
+    def _key(self, seq: List[int]) -> tuple:
+        return tuple(seq[len(seq) - (self.n - 1):]) if self.n > 1 else ()
+
+    def __call__(self, scores, step=None, history=None):
+        self.block(scores)
+
+    def block(self, scores: torch.Tensor) -> None:
+        """Sets BLOCKED_SCORE on the tokens each row (scores (rows, V)) must not produce."""
+        if len(self.seqs[0]) < self.n:
+            return
+        for row, (seq, table) in enumerate(zip(self.seqs, self.tables)):
+            banned = table.get(self._key(seq))
+            if banned:
+                scores[row, list(banned)] = BLOCKED_SCORE
+
+    def advance(self, origins: Sequence[int], tokens: Sequence[int]) -> None:
+        seqs, tables = [], []
+        for origin, token in zip(origins, tokens):
+            seq = self.seqs[origin] + [token]
+            table = {key: set(next_tokens) for key, next_tokens in self.tables[origin].items()}
+            ngram = seq[-self.n:]
+            if len(seq) >= self.n and not set(ngram) & self.exempt:
+                table.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])
+            seqs.append(seq)
+            tables.append(table)
+        self.seqs, self.tables = seqs, tables
+
+    update = advance  # the name Beam uses
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self.seqs = [self.seqs[r] for r in rows]
+        self.tables = [self.tables[r] for r in rows]

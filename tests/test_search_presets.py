@@ -1,0 +1,128 @@
+"""``-search hf`` is Hugging Face ``generate``: the same hypotheses, in the same order, with the
+same scores, on tiny Marian models, for every beam-search setting that changes the result."""
+import pytest
+from marian_dirs import OPUS_GENERATION, SOURCES, sentences, write_marian
+
+from onmt_lite.translate import build_translator
+
+transformers = pytest.importorskip("transformers", reason="transformers is the oracle here "
+                                                          "(pip install -e '.[test]')")
+import torch  # noqa: E402
+
+LINES = SOURCES + sentences(24, seed=11)
+# </s> made likelier, so that hypotheses end at every length and not only at the limit
+DIRECTORIES = {  # name -> write_marian arguments
+    "OPUS-MT settings (pad banned, </s> forced, renormalised)": dict(seed=6, eos_bias=3.0),
+    "pad banned, not renormalised": dict(
+        seed=7, eos_bias=3.5, generation={**OPUS_GENERATION, "renormalize_logits": False}),
+    "no generation_config.json": dict(generation=None, seed=8, eos_bias=4.0),
+}
+# name -> (generate() arguments, the same in onmt_lite's options)
+CASES = {
+    "beam 4": (dict(num_beams=4), dict(beam_size=4)),
+    "beam 5, 3 returned, early_stopping True": (
+        dict(num_beams=5, num_return_sequences=3, early_stopping=True),
+        dict(beam_size=5, n_best=3, early_stopping="true")),
+    "beam 3, early_stopping never, length_penalty 0.6": (
+        dict(num_beams=3, early_stopping="never", length_penalty=0.6),
+        dict(beam_size=3, early_stopping="never", alpha=0.6)),
+    "beam 4, length_penalty 0, min 6 new tokens": (
+        dict(num_beams=4, length_penalty=0.0, min_new_tokens=6),
+        dict(beam_size=4, alpha=0.0, min_length=6)),
+    "beam 4, length_penalty -0.5, 2 returned": (
+        dict(num_beams=4, length_penalty=-0.5, num_return_sequences=2),
+        dict(beam_size=4, alpha=-0.5, n_best=2)),
+    "beam 4, no_repeat_ngram_size 2, repetition_penalty 1.3": (
+        dict(num_beams=4, no_repeat_ngram_size=2, repetition_penalty=1.3),
+        dict(beam_size=4, block_ngram_repeat=2, repetition_penalty=1.3)),
+    "beam 6, 5 new tokens at most": (
+        dict(num_beams=6, max_new_tokens=5, num_return_sequences=6),
+        dict(beam_size=6, max_length=5, n_best=6)),
+    "beam 2, early_stopping never, length_penalty 2": (
+        dict(num_beams=2, early_stopping="never", length_penalty=2.0),
+        dict(beam_size=2, early_stopping="never", alpha=2.0)),
+    "greedy, repetition_penalty 1.5, no_repeat_ngram_size 3": (
+        dict(num_beams=1, repetition_penalty=1.5, no_repeat_ngram_size=3),
+        dict(beam_size=1, repetition_penalty=1.5, block_ngram_repeat=3)),
+}
+
+
+def hf_hypotheses(folder, lines, **kwargs):
+    """generate()'s hypotheses per line: [(pieces with </s>, sequences_scores or None)]."""
+    from transformers import MarianMTModel, MarianTokenizer
+    tokenizer = MarianTokenizer.from_pretrained(folder)
+    model = MarianMTModel.from_pretrained(folder).eval()
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, do_sample=False, return_dict_in_generate=True,
+                             output_scores=True, **kwargs)
+    n = kwargs.get("num_return_sequences", 1)
+    eos, pad = model.generation_config.eos_token_id, model.config.pad_token_id
+    scores = out.sequences_scores.tolist() if kwargs["num_beams"] > 1 else [None] * len(
+        out.sequences)
+    hyps = []
+    for seq, score in zip(out.sequences.tolist(), scores):
+        generated = seq[1:]
+        if eos in generated:
+            generated = generated[:generated.index(eos) + 1]
+        else:  # cut at max length: what follows is fill
+            while generated and generated[-1] == pad:
+                generated.pop()
+        hyps.append((tokenizer.convert_ids_to_tokens(generated), score))
+    return [hyps[i:i + n] for i in range(0, len(hyps), n)]
+
+
+# (directory, case, line) where two hypotheses tie: generate() gives them the same float
+# score and onmt_lite scores that differ in the last bit, so they come in the other order
+FLOAT_TIES = {("no generation_config.json",
+               "beam 4, no_repeat_ngram_size 2, repetition_penalty 1.3", "Is is woman?")}
+
+
+@pytest.fixture(scope="module", params=list(DIRECTORIES))
+def named_folder(request, tmp_path_factory):
+    return request.param, write_marian(tmp_path_factory.mktemp("marian"),
+                                       **DIRECTORIES[request.param])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hf_search_is_generates(named_folder, case):
+    name, folder = named_folder
+    theirs_args, ours_args = CASES[case]
+    theirs_args = {"max_new_tokens": 20, **theirs_args}  # generate()'s default is 20 in all
+    ours_args = {"max_length": theirs_args["max_new_tokens"], **ours_args}
+    translator = build_translator({"model": folder, "search": "hf", **ours_args})
+    results = translator.translate(LINES, batch_size=len(LINES))
+    expected = hf_hypotheses(folder, LINES, **theirs_args)
+    eos = translator.tgt_vocab.specials["eos"]
+    ties = set()
+    for line, result, theirs in zip(LINES, results, expected):
+        ours = [(pred + [eos] * (tokens[-1:] == [eos]), score)
+                for pred, score, (tokens, _) in zip(result.preds, result.scores, theirs)]
+        assert len(ours) == len(theirs), line
+        if [tokens for tokens, _ in ours] != [tokens for tokens, _ in theirs]:
+            ties.add((name, case, line))  # equal scores, other hypotheses in front
+            assert [s for _, s in ours] == pytest.approx([s for _, s in theirs], abs=1e-6)
+            continue
+        for rank, ((tokens, score), (their_tokens, their_score)) in enumerate(zip(ours, theirs)):
+            assert tokens == their_tokens, (line, rank)
+            if their_score is not None:
+                assert score == pytest.approx(their_score, abs=1e-4), (line, rank)
+    assert ties == {tie for tie in FLOAT_TIES if tie[:2] == (name, case)}
+
+
+def test_onmt_and_hf_searches_differ_where_their_rules_do(tmp_path):
+    """The same model and flags: OpenNMT-py's search and generate()'s keep different
+    hypotheses on some lines (a guard that -search is not ignored)."""
+    folder = write_marian(tmp_path, seed=6, eos_bias=3.0)
+    options = dict(model=folder, beam_size=4, n_best=4, alpha=1.0)
+    onmt = build_translator({**options, "search": "onmt"}).translate(LINES, batch_size=8)
+    hf = build_translator({**options, "search": "hf"}).translate(LINES, batch_size=8)
+    assert any(a.preds != b.preds or a.scores != b.scores for a, b in zip(onmt, hf))
+
+
+def test_hf_only_flags_are_refused_with_onmt_options(tmp_path):
+    folder = write_marian(tmp_path, seed=6)
+    with pytest.raises(ValueError, match="-coverage_penalty is OpenNMT-py's"):
+        build_translator({"model": folder, "search": "hf", "coverage_penalty": "wu"})
+    with pytest.raises(ValueError, match="-early_stopping must be one of"):
+        build_translator({"model": folder, "search": "hf", "early_stopping": "maybe"})
