@@ -55,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
                  "(not given: {'mode': 'none'})")
     g = parser.add_argument_group("Beam search")
-    add(g, "search", default="onmt", choices=["onmt", "hf"],
-        help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py) or "
-             "hf (Hugging Face generate); see the README's table")
+    add(g, "search", default="onmt", choices=["onmt", "hf", "ctranslate2"],
+        help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py), "
+             "hf (Hugging Face generate) or ctranslate2; see the README's table")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
         help="hypotheses written per input line (at most -beam_size)")
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "early_stopping", default="false", choices=["true", "false", "never"],
         help="-search hf: stop a sentence when -beam_size hypotheses are finished (true), when "
              "no running one can beat them (false), or bound that at -max_length (never)")
+    add(g, "patience", type=number(above=0), default=1.0,
+        help="-search ctranslate2: a sentence ends when round(-beam_size * patience) "
+             "hypotheses are finished")
     add(g, "repetition_penalty", type=number(above=0), default=1.0,
         help="scores of tokens already in the hypothesis: times this when negative, divided "
              "when positive (Hugging Face's; 1: off)")

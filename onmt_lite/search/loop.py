@@ -96,6 +96,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
         width = ids.size(1)
         origin = torch.div(ids, vocab, rounding_mode="floor")
         tokens = ids - origin * vocab
+        if hasattr(rule, "revise"):  # a rule that edits the chosen candidates
+            values, origin, tokens = rule.revise(values, origin, tokens, step)
         rows = origin + torch.arange(n, device=device).unsqueeze(1) * k  # (n, width)
         flat = rows.view(-1)
         cand_seqs = torch.cat([seqs.index_select(0, flat), tokens.view(-1, 1)], dim=1)

@@ -2,14 +2,15 @@
 
 Under a preset the shared flags mean what that toolkit's parameter of the same role means
 (README, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face ``generate``
-(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is.
+(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``ctranslate2`` is
+CTranslate2 4.x's ``translate_batch``.
 """
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.search.candidates import Sampler, TopK
-from onmt_lite.search.finishing import OnmtSlots, RefillBeams
+from onmt_lite.search.finishing import OnmtSlots, RefillBeams, ReplaceFinished
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import Search
 from onmt_lite.search.processors import (
@@ -28,27 +29,32 @@ from onmt_lite.search.processors import (
 class Preset:
     """The choices that make one toolkit's search.
 
-    rule: ``slots`` (OpenNMT-py: a finished hypothesis holds its slot) or ``refill`` (2k
-        candidates, the beam refilled with running ones).
+    rule: ``slots`` (OpenNMT-py: a finished hypothesis holds its slot), ``refill`` (Hugging
+        Face: 2k candidates, the k best running ones go on) or ``replace`` (CTranslate2: 2k
+        candidates, a finished one's slot taken by the next running one).
     min_length_score: what ``</s>`` gets before ``-min_length`` tokens.
     ngram_block: ``onmt`` (on candidate scores, -ignore_when_blocking exempt) or
         ``no_repeat`` (no_repeat_ngram_size: on log-probs, -inf).
     ban_renormalises: banned tokens leave the others' log-probs summing to 1.
-    greedy_on_logits: with one hypothesis, processors act on logits and greedy picks the
-        argmax (Hugging Face's ``num_beams=1``).
+    on_logits: processors act on logits, log-softmax follows: ``never``, ``greedy`` (with one
+        hypothesis, as Hugging Face's ``num_beams=1``) or ``always``.
+    count_start: the decoder's start token is part of the history that repetition rules see.
     """
     name: str
     rule: str
     min_length_score: float
     ngram_block: str
     ban_renormalises: bool
-    greedy_on_logits: bool = False
+    on_logits: str = "never"
+    count_start: bool = True
 
 
 PRESETS = {
     "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True),
     "hf": Preset("hf", "refill", NEG_INF, "no_repeat", ban_renormalises=False,
-                 greedy_on_logits=True),
+                 on_logits="greedy"),
+    "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
+                          ban_renormalises=False, on_logits="always", count_start=False),
 }
 
 
@@ -59,14 +65,14 @@ def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_len
     ``opt`` (its shared flags read in the preset's meaning)."""
     k = opt.beam_size
     greedy = k == 1
-    on_logits = preset.greedy_on_logits and greedy
+    on_logits = preset.on_logits == "always" or (preset.on_logits == "greedy" and greedy)
     processors = []  # in Hugging Face's order; a renormalising ban comes first
     if banned:
         processors.append(BannedTokens(banned, preset.ban_renormalises and not on_logits))
     if opt.repetition_penalty != 1.0:
-        processors.append(RepetitionPenalty(opt.repetition_penalty))
+        processors.append(RepetitionPenalty(opt.repetition_penalty, preset.count_start))
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "no_repeat":
-        processors.append(NoRepeatNgram(opt.block_ngram_repeat))
+        processors.append(NoRepeatNgram(opt.block_ngram_repeat, preset.count_start))
     if opt.min_length > 0:
         processors.append(MinLength(opt.min_length, eos, preset.min_length_score))
     if opt.forced_eos:
@@ -76,14 +82,17 @@ def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_len
     candidate_processors = []
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
         candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
-    if preset.rule == "slots" or greedy:
+    if preset.rule == "slots" or (greedy and preset.rule == "refill"):
         penalties = ("none", "none") if preset.rule != "slots" else (
             opt.length_penalty, opt.coverage_penalty)
         scorer = GNMTGlobalScorer(opt.alpha, opt.beta, *penalties)
         rule = OnmtSlots(scorer, eos, max_length, opt.n_best,
                          stepwise_penalty=opt.stepwise_penalty and not greedy)  # as OpenNMT-py
         selection = sampler or TopK()
-    else:
+    elif preset.rule == "refill":
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
+        selection = TopK(width_factor=rule.width_factor, exact=True)
+    else:
+        rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience)
         selection = TopK(width_factor=rule.width_factor, exact=True)
     return Search(rule, processors, candidate_processors, selection, on_logits)

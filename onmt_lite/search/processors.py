@@ -78,29 +78,35 @@ class Renormalise(Processor):
 
 
 class RepetitionPenalty(Processor):
-    """Hugging Face's ``repetition_penalty`` (CTRL): a token already in the hypothesis (``<s>``
-    included) has its score multiplied by ``penalty`` where negative, divided where positive."""
+    """The ``repetition_penalty`` of Hugging Face and CTranslate2 (CTRL's): a token already in
+    the hypothesis has its score multiplied by ``penalty`` where negative, divided where
+    positive. ``count_start``: the decoder's start token counts (Hugging Face)."""
 
-    def __init__(self, penalty: float):
-        self.penalty = penalty
+    def __init__(self, penalty: float, count_start: bool = True):
+        self.penalty, self.first = penalty, 0 if count_start else 1
 
     def __call__(self, scores, step, history):
+        history = history[:, self.first:]
+        if history.size(1) == 0:
+            return
         seen = scores.gather(1, history)
         seen = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
         scores.scatter_(1, history, seen)
 
 
 class NoRepeatNgram(Processor):
-    """Hugging Face's and fairseq's ``no_repeat_ngram_size``: a token that would complete an
-    n-gram already in the hypothesis (``<s>`` included) gets -inf."""
+    """``no_repeat_ngram_size`` (Hugging Face, fairseq, CTranslate2): a token that would
+    complete an n-gram already in the hypothesis gets -inf. ``count_start``: the decoder's start
+    token counts (Hugging Face)."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, count_start: bool = True):
+        self.n, self.first = n, 0 if count_start else 1
 
     def __call__(self, scores, step, history):
-        if step + 1 < self.n:
-            return
+        history = history[:, self.first:]
         n = self.n
+        if history.size(1) + 1 < n:
+            return
         for row, seq in enumerate(history.tolist()):
             prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
             banned = {seq[i + n - 1] for i in range(len(seq) - n + 1)

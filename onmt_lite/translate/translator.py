@@ -54,6 +54,7 @@ class DecodingOptions:
     search: str = "onmt"  # whose beam search: a name in search/presets.py
     early_stopping: str = "false"  # Hugging Face's stopping rule (-search hf)
     repetition_penalty: float = 1.0  # Hugging Face's (CTRL) repetition penalty; 1: off
+    patience: float = 1.0  # CTranslate2's: a sentence ends with round(beam * patience) finished
     banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
     renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
 
@@ -72,6 +73,8 @@ class DecodingOptions:
             raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
         if self.repetition_penalty <= 0:
             raise ValueError("-repetition_penalty must be above 0")
+        if self.patience <= 0:
+            raise ValueError("-patience must be above 0")
         if self.search != "onmt":
             for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
                                     ("stepwise_penalty", False), ("length_penalty", "avg")):

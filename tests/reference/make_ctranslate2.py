@@ -1,0 +1,76 @@
+"""Makes tests/reference/ctranslate2.json: CTranslate2's own beam search on the OpenNMT-py
+Transformer fixture, for test_search_ctranslate2.py. CTranslate2 is not a dependency: run this
+with the peers virtualenv (../shared/peers/setup-peers.sh), from the repository root:
+
+    ~/onmt-peers/bin/python tests/reference/make_ctranslate2.py
+
+The model is converted with CTranslate2's own OpenNMT-py converter (the checkpoint's
+argparse.Namespace allowed, its "scaled-dot-flash" attention named "scaled-dot", the only name
+the converter accepts: the same attention). Each case translates the first LINES lines of the
+lowercased, tokenized test_2016_flickr source with translate_batch and records every returned
+hypothesis (tokens, without </s>) and its score.
+"""
+import argparse
+import json
+import os
+import tempfile
+
+import ctranslate2
+import torch
+from ctranslate2.converters import OpenNMTPyConverter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(HERE, "..", "..", "..", "shared")
+MODEL = os.path.join(SHARED, "fixtures", "onmt-py", "transformer.pt")
+SOURCE = os.path.join(SHARED, "data", "multi30k", "test_2016_flickr.lc.tok.en")
+LINES = 150
+# name -> translate_batch arguments (beam search; CTranslate2's defaults otherwise)
+CASES = {
+    "beam 5": dict(beam_size=5),
+    "beam 5, length_penalty 0, 3 hypotheses": dict(beam_size=5, length_penalty=0.0,
+                                                    num_hypotheses=3),
+    "beam 4, patience 2, length_penalty 0.6, 2 hypotheses": dict(
+        beam_size=4, patience=2.0, length_penalty=0.6, num_hypotheses=2),
+    "beam 5, decoding length 8 to 12": dict(beam_size=5, min_decoding_length=8,
+                                            max_decoding_length=12),
+    "beam 3, repetition_penalty 1.2, no_repeat_ngram_size 2": dict(
+        beam_size=3, repetition_penalty=1.2, no_repeat_ngram_size=2),
+    "beam 6, length_penalty 2, 6 hypotheses": dict(beam_size=6, length_penalty=2.0,
+                                                   num_hypotheses=6),
+}
+
+
+def convert(folder: str) -> None:
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    ckpt = torch.load(MODEL, map_location="cpu", weights_only=True)
+    if getattr(ckpt["opt"], "self_attn_type", None) == "scaled-dot-flash":
+        ckpt["opt"].self_attn_type = "scaled-dot"
+    with tempfile.NamedTemporaryFile(suffix=".pt") as f:
+        torch.save(ckpt, f.name)
+        OpenNMTPyConverter(f.name).convert(folder, force=True)
+
+
+def main() -> None:
+    with open(SOURCE, encoding="utf-8") as f:
+        lines = [next(f).split() for _ in range(LINES)]
+    out = {"made_by": "tests/reference/make_ctranslate2.py",
+           "ctranslate2": ctranslate2.__version__, "torch": torch.__version__,
+           "model": "../shared/fixtures/onmt-py/transformer.pt",
+           "source": f"first {LINES} lines of test_2016_flickr.lc.tok.en", "cases": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        convert(folder)
+        translator = ctranslate2.Translator(folder, device="cpu", compute_type="float32",
+                                            inter_threads=1, intra_threads=1)
+        for name, options in CASES.items():
+            results = translator.translate_batch(lines, max_batch_size=32, return_scores=True,
+                                                 **options)
+            out["cases"][name] = {"options": options, "hypotheses": [
+                [[" ".join(h), round(s, 6)] for h, s in zip(r.hypotheses, r.scores)]
+                for r in results]}
+    with open(os.path.join(HERE, "ctranslate2.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
