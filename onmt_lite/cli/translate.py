@@ -24,7 +24,12 @@ logger = logging.getLogger("onmt_lite")
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="translate.py", description=__doc__)
     g = parser.add_argument_group("Model")
-    add(g, "model", help="checkpoint (.pt): onmt_lite or OpenNMT-py 3.x")
+    add(g, "model", nargs="+",
+        help="checkpoint (.pt): onmt_lite or OpenNMT-py 3.x, or a Marian directory; several "
+             "checkpoints with one vocabulary decode as an ensemble")
+    add(g, "avg_raw_probs", action="store_true",
+        help="an ensemble averages the exponentials of the models' logits (default: the "
+             "logits), as OpenNMT-py does")
     add(g, "config", help="YAML file of option values; the command line wins")
     g = parser.add_argument_group("Data")
     add(g, "src", help="source file, one tokenized sentence per line ('-': standard input)")
@@ -72,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "ignore_when_blocking", nargs="+", default=[], help="tokens exempt from blocking")
     add(g, "replace_unk", action="store_true",
         help="replace <unk> by the source word with the highest attention")
+    add(g, "phrase_table", default="",
+        help="with -replace_unk: a file of 'source|||target' lines; a replaced <unk> becomes "
+             "the target of the last line that starts with its source word")
+    add(g, "ban_unk_token", action="store_true", help="never generate <unk>")
+    add(g, "ratio", type=number(0), default=0.0,
+        help="OpenNMT-py's legacy stop rule: a sentence stops when its best running score "
+             "per expected token (source length x ratio) cannot beat its best finished one "
+             "(0: off)")
+    add(g, "tgt_file_prefix", action="store_true",
+        help="force each -tgt line as the start of its translation, then search on")
+    g.add_argument("-tgt_prefix", "--tgt_prefix", dest="tgt_file_prefix", action="store_true",
+                   help="the same as -tgt_file_prefix")
     add(g, "early_stopping", default="false", choices=["true", "false", "never"],
         help="-search hf: stop a sentence when -beam_size hypotheses are finished (true), when "
              "no running one can beat them (false), or bound that at -max_length (never)")
@@ -175,7 +192,7 @@ def run(args) -> None:
                                plot_path(args.attn_plot, trans.index))
     elapsed = time.time() - start
     logger.info(_summary("PRED", pred_total, count))
-    if args.tgt:
+    if args.tgt and not args.tgt_file_prefix:  # as OpenNMT-py: the references are prefixes
         logger.info(_summary("GOLD", gold_total, count))
     if args.report_time:
         logger.info("Total translation time (s): %.3f", elapsed)

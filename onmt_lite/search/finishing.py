@@ -40,9 +40,10 @@ class OnmtSlots:
     width_factor = 1
 
     def __init__(self, scorer: GNMTGlobalScorer, eos: int, max_length: int, n_best: int,
-                 stepwise_penalty: bool = False):
+                 stepwise_penalty: bool = False, ratio: float = 0.0):
         self.scorer, self.eos, self.max_length, self.n_best = scorer, eos, max_length, n_best
         self.stepwise = stepwise_penalty and scorer.has_cov_pen
+        self.ratio = ratio
 
     def start(self, batch: int, k: int, padding: torch.Tensor) -> None:
         """``padding``: (batch * k, S) source padding of each row (full coverage: no penalty)."""
@@ -52,6 +53,9 @@ class OnmtSlots:
         self.coverage: Optional[torch.Tensor] = None  # (rows, S) summed attention
         self.prev_penalty: Optional[torch.Tensor] = None  # (n, k)
         self.finished: List[list] = [[] for _ in range(batch)]  # (score, tokens, attn)
+        self.best = [-1e10] * batch  # -ratio: the best finished score per token
+        self.sentences = list(range(batch))  # the batch's sentence at each live position
+        self.src_lengths = (~padding[::k]).sum(1).tolist()
 
     def _cov_penalty(self, coverage: torch.Tensor) -> torch.Tensor:
         return self.scorer.cov_penalty(coverage.masked_fill(self.padding, 1.0))
@@ -95,11 +99,26 @@ class OnmtSlots:
             for i in range(n):
                 for j in (j for j in range(k) if ended_rows[i][j]):
                     self.finished[i].append((top[i][j], *path(i * k + j)))
-                if ended_rows[i][0] and len(self.finished[i]) >= self.n_best:
+                    self.best[i] = max(self.best[i], top[i][j] / (step + 2))
+                if any(ended_rows[i]) and self._stops(i, ended_rows[i], top[i][0]) and \
+                        len(self.finished[i]) >= self.n_best:
                     ranked = sorted(self.finished[i], key=lambda f: f[0], reverse=True)
                     done[i] = [Hypothesis(t.tolist(), s, a) for s, t, a in ranked[:self.n_best]]
         self.scores = scores
         return None, done
+
+    def _stops(self, i: int, ended: List[bool], top: float) -> bool:
+        """A sentence with a finished hypothesis stops when its top candidate ended; with
+        -ratio, when that candidate's score per expected token (source length x ratio) cannot
+        beat the best finished score per token, or when all ended. OpenNMT-py reads the source
+        length of row i, not of sentence i: of its live sentence i // k, counted in input order
+        (kept here, as it decides)."""
+        if self.ratio <= 0:
+            return ended[0]
+        in_order = sorted(self.sentences)
+        row = in_order.index(self.sentences[i])
+        src_len = self.src_lengths[in_order[row // self.k]]
+        return top / (src_len * self.ratio) <= self.best[i] or all(ended)
 
     def keep(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
         """Keeps the state of ``sentences`` (their ``rows``), in that order."""
@@ -109,6 +128,8 @@ class OnmtSlots:
             self.coverage = self.coverage.index_select(0, rows)
             self.prev_penalty = self.prev_penalty.index_select(0, sentences)
         self.finished = [self.finished[i] for i in sentences.tolist()]
+        self.best = [self.best[i] for i in sentences.tolist()]
+        self.sentences = [self.sentences[i] for i in sentences.tolist()]
 
 
 EARLY_STOPPING = ("true", "false", "never")

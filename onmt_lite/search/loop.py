@@ -66,7 +66,7 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
         if step == 1 and k > 1:
             out, attn = dec.step(seqs[::k, -1])
             dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
-            out, attn = out.repeat_interleave(k, dim=0), attn.repeat_interleave(k, dim=0)
+            out, attn = _repeat(out, k), attn.repeat_interleave(k, dim=0)
         else:
             out, attn = dec.step(seqs[:, -1])
         attn = attn.float()
@@ -141,6 +141,13 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
         if k > 1 or len(keep) < n:  # one hypothesis per sentence stays where it is
             dec.map_state(lambda state, dim: state.index_select(dim, select))
     return results
+
+
+def _repeat(out, k: int):
+    """Decoder output (an ensemble's: one per model) with each row repeated k times."""
+    if isinstance(out, list):
+        return [o.repeat_interleave(k, dim=0) for o in out]
+    return out.repeat_interleave(k, dim=0)
 
 
 def fill_gaps(keep: List[int]) -> List[int]:

@@ -6,7 +6,9 @@ Under a preset the shared flags mean what that toolkit's parameter of the same r
 CTranslate2 4.x's ``translate_batch``.
 """
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
+
+import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.search.candidates import Sampler, TopK
@@ -16,12 +18,14 @@ from onmt_lite.search.loop import Search
 from onmt_lite.search.processors import (
     NEG_INF,
     BannedTokens,
+    BanToken,
     ForcedEOS,
     MinLength,
     NgramBlocker,
     NoRepeatNgram,
     Renormalise,
     RepetitionPenalty,
+    TargetPrefix,
 )
 
 
@@ -58,11 +62,17 @@ PRESETS = {
 }
 
 
-def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_length: int,
-                 banned: Sequence[int] = (), exempt: frozenset = frozenset(),
-                 sampler: Optional[Sampler] = None) -> Search:
+def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
+                 exempt: frozenset = frozenset(), sampler: Optional[Sampler] = None,
+                 prefixes: Optional[torch.Tensor] = None) -> Search:
     """The Search for one batch of ``batch`` sentences under ``preset`` and DecodingOptions
-    ``opt`` (its shared flags read in the preset's meaning)."""
+    ``opt`` (its shared flags read in the preset's meaning), with target Vocab ``vocab``.
+
+    Args:
+        prefixes: (batch, P) forced target prefixes (-tgt_file_prefix), ``</s>`` then padding
+            after each.
+    """
+    bos, eos, banned = vocab.bos, vocab.eos, opt.banned_tokens
     k = opt.beam_size
     greedy = k == 1
     on_logits = preset.on_logits == "always" or (preset.on_logits == "greedy" and greedy)
@@ -75,6 +85,8 @@ def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_len
         processors.append(NoRepeatNgram(opt.block_ngram_repeat, preset.count_start))
     if opt.min_length > 0:
         processors.append(MinLength(opt.min_length, eos, preset.min_length_score))
+    if opt.ban_unk_token:
+        processors.append(BanToken(vocab.unk, preset.min_length_score))
     if opt.forced_eos:
         processors.append(ForcedEOS(max_length, eos))
     if opt.renormalize_logits and preset.name == "hf":
@@ -82,12 +94,18 @@ def build_search(preset: Preset, opt, *, batch: int, bos: int, eos: int, max_len
     candidate_processors = []
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
         candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
+    if prefixes is not None:
+        if preset.name != "onmt":
+            raise ValueError(f"-tgt_file_prefix: not available with -search {preset.name}")
+        candidate_processors.append(
+            TargetPrefix(prefixes.repeat_interleave(k, dim=0), eos, vocab.pad))
     if preset.rule == "slots" or (greedy and preset.rule == "refill"):
         penalties = ("none", "none") if preset.rule != "slots" else (
             opt.length_penalty, opt.coverage_penalty)
         scorer = GNMTGlobalScorer(opt.alpha, opt.beta, *penalties)
         rule = OnmtSlots(scorer, eos, max_length, opt.n_best,
-                         stepwise_penalty=opt.stepwise_penalty and not greedy)  # as OpenNMT-py
+                         stepwise_penalty=opt.stepwise_penalty and not greedy,  # as OpenNMT-py
+                         ratio=0.0 if greedy else opt.ratio)
         selection = sampler or TopK()
     elif preset.rule == "refill":
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)

@@ -38,6 +38,48 @@ class MinLength(Processor):
             scores[:, self.eos] = self.value
 
 
+class BanToken(Processor):
+    """A token never generated, with score ``value`` (OpenNMT-py's ``-ban_unk_token``)."""
+
+    def __init__(self, token: int, value: float):
+        self.token, self.value = token, value
+
+    def __call__(self, scores, step, history):
+        scores[:, self.token] = self.value
+
+
+class TargetPrefix(Processor):
+    """OpenNMT-py's ``-tgt_file_prefix``: while a row's prefix lasts, every token but the
+    prefix's next one loses PREFIX_PENALTY from its candidate score; a row whose prefix has
+    ended (``</s>`` or padding) is free.
+
+    Args:
+        prefixes: (rows, P) token ids of each row's prefix, then ``</s>``, then ``pad``.
+    """
+    stateful = True
+    PREFIX_PENALTY = 10000.0
+
+    def __init__(self, prefixes: torch.Tensor, eos: int, pad: int):
+        self.prefixes, self.eos, self.pad = prefixes, eos, pad
+
+    def __call__(self, scores, step, history):
+        if step > self.prefixes.size(1):
+            return
+        wanted = self.prefixes[:, step - 1]  # (rows,)
+        free = wanted.eq(self.eos) | wanted.eq(self.pad)
+        penalty = torch.full_like(scores, self.PREFIX_PENALTY)
+        penalty.scatter_(1, wanted.unsqueeze(1), 0.0)
+        scores.sub_(penalty.masked_fill_(free.unsqueeze(1), 0.0))
+
+    def advance(self, origins, tokens):
+        self.prefixes = self.prefixes.index_select(
+            0, torch.tensor(origins, device=self.prefixes.device))
+
+    def keep(self, rows):
+        self.prefixes = self.prefixes.index_select(
+            0, torch.tensor(rows, device=self.prefixes.device))
+
+
 class ForcedEOS(Processor):
     """``</s>`` as the only choice, with log-probability 0, at the last step (Hugging Face's
     ``forced_eos_token_id``)."""

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.corpus import InputError, lines_of
+from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import for_inference, replica
 from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
@@ -54,6 +55,10 @@ class DecodingOptions:
     search: str = "onmt"  # whose beam search: a name in search/presets.py
     early_stopping: str = "false"  # Hugging Face's stopping rule (-search hf)
     repetition_penalty: float = 1.0  # Hugging Face's (CTRL) repetition penalty; 1: off
+    ban_unk_token: bool = False  # <unk> never generated
+    ratio: float = 0.0  # OpenNMT-py's legacy stop rule (see OnmtSlots); 0: off
+    phrase_table: str = ""  # with replace_unk: lines "source|||target" translate the word
+    tgt_file_prefix: bool = False  # the -tgt lines are forced as prefixes, then search goes on
     patience: float = 1.0  # CTranslate2's: a sentence ends with round(beam * patience) finished
     banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
     renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
@@ -77,12 +82,17 @@ class DecodingOptions:
             raise ValueError("-patience must be above 0")
         if self.search != "onmt":
             for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
-                                    ("stepwise_penalty", False), ("length_penalty", "avg")):
+                                    ("stepwise_penalty", False), ("length_penalty", "avg"),
+                                    ("ratio", 0.0), ("tgt_file_prefix", False)):
                 if getattr(self, name) != onmt_only:
                     raise ValueError(f"-{name} is OpenNMT-py's: not available with "
                                      f"-search {self.search}")
-        elif self.beam_engine == "sentence" and self.repetition_penalty != 1.0:
-            raise ValueError("-repetition_penalty needs -beam_engine batch")
+        elif self.beam_engine == "sentence":
+            for name in ("repetition_penalty", "ban_unk_token", "ratio", "tgt_file_prefix"):
+                if getattr(self, name) != getattr(DecodingOptions, name):
+                    raise ValueError(f"-{name} needs -beam_engine batch")
+        if self.ratio < 0:
+            raise ValueError("-ratio must be 0 (off) or more")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
         if sampling and self.beam_size != 1:
             raise ValueError("random sampling needs -beam_size 1")
@@ -115,6 +125,7 @@ class Translator:
         self.device = device
         self.model_max_src_len = model_max_src_len
         self.preset = PRESETS[self.opt.search]
+        self.phrase_table = read_phrase_table(self.opt.phrase_table)
         self.scorer = GNMTGlobalScorer(self.opt.alpha, self.opt.beta, self.opt.length_penalty,
                                        self.opt.coverage_penalty)
         self.exclusion = frozenset(tgt_vocab.stoi[t] for t in self.opt.ignore_when_blocking
@@ -167,6 +178,8 @@ class Translator:
         """
         if batch_type not in ("sents", "tokens"):
             raise ValueError("-batch_type must be sents or tokens")
+        if self.opt.tgt_file_prefix and tgt is None:
+            raise ValueError("-tgt_file_prefix forces the -tgt lines: give -tgt")
         if shard_size < 0:
             raise ValueError("-shard_size must be 0 (no shards) or more")
         number, warned = 0, False
@@ -198,7 +211,8 @@ class Translator:
         idle = queue.SimpleQueue()  # copies of this translator, each with its own decoder
         for _ in range(self.inter_threads):
             worker = copy.copy(self)
-            worker.model = replica(self.model)
+            worker.model = self.model.replica() if isinstance(self.model, EnsembleModel) \
+                else replica(self.model)
             idle.put(worker)
 
         def run(args):
@@ -269,15 +283,18 @@ class Translator:
         max_length = self.opt.max_length
         if self.opt.max_length_ratio > 0:  # OpenNMT-py: from the batch's padded source length
             max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
-        if tgt_tokens is not None:
+        if tgt_tokens is not None and not self.opt.tgt_file_prefix:
             gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
             for t, i, score in zip(results, indices, gold):
                 t.gold, t.gold_score = tgt_tokens[i], score
         if self.opt.beam_size == 1 or self.opt.beam_engine == "batch":
+            prefixes = None
+            if self.opt.tgt_file_prefix:
+                prefixes = self._target_ids([tgt_tokens[i] for i in indices])[1]
             search = build_search(self.preset, self.opt, batch=src.size(0),
-                                  bos=self.tgt_vocab.bos, eos=self.tgt_vocab.eos,
-                                  max_length=max_length, banned=self.opt.banned_tokens,
-                                  exempt=self.exclusion, sampler=self.sampler)
+                                  vocab=self.tgt_vocab, max_length=max_length,
+                                  exempt=self.exclusion, sampler=self.sampler,
+                                  prefixes=prefixes)
             hyps = beam_search(self.model, src, src_len, search, beam_size=self.opt.beam_size,
                                bos=self.tgt_vocab.bos)
         else:
@@ -347,6 +364,15 @@ class Translator:
 
     def _gold_scores(self, src, src_len, refs: List[List[str]]) -> List[float]:
         """Log-probability of each reference, ``</s>`` included, no penalty."""
+        tgt_in, tgt_out = self._target_ids(refs)
+        log_probs, _ = self.model(src, src_len, tgt_in)
+        gathered = log_probs.gather(2, tgt_out.unsqueeze(2)).squeeze(2)
+        gathered = gathered.masked_fill(tgt_out.eq(self.tgt_vocab.pad), 0.0)
+        return gathered.sum(1).tolist()
+
+    def _target_ids(self, refs: List[List[str]]):
+        """Target token lines -> decoder inputs (<s> w1 .. wn) and outputs (w1 .. wn </s>),
+        (B, longest + 1) each, padded."""
         ids = [self.tgt_vocab.encode(r) for r in refs]
         length = max(len(x) for x in ids) + 1
         tgt_in = torch.full((len(ids), length), self.tgt_vocab.pad, dtype=torch.long)
@@ -354,10 +380,7 @@ class Translator:
         for row, x in enumerate(ids):
             tgt_in[row, :len(x) + 1] = torch.tensor([self.tgt_vocab.bos] + x)
             tgt_out[row, :len(x) + 1] = torch.tensor(x + [self.tgt_vocab.eos])
-        log_probs, _ = self.model(src, src_len, tgt_in.to(self.device))
-        gathered = log_probs.gather(2, tgt_out.to(self.device).unsqueeze(2)).squeeze(2)
-        gathered = gathered.masked_fill(tgt_out.to(self.device).eq(self.tgt_vocab.pad), 0.0)
-        return gathered.sum(1).tolist()
+        return tgt_in.to(self.device), tgt_out.to(self.device)
 
     def _target_tokens(self, hyp: Hypothesis, src: List[str]) -> List[str]:
         ids = hyp.tokens[:-1] if hyp.tokens and hyp.tokens[-1] == self.tgt_vocab.eos \
@@ -366,8 +389,29 @@ class Translator:
         if self.opt.replace_unk:
             for i, token_id in enumerate(ids):
                 if token_id == self.tgt_vocab.unk and hyp.attn.size(1) > 0:
-                    tokens[i] = src[int(hyp.attn[i].argmax())]
+                    tokens[i] = self._phrase(src[int(hyp.attn[i].argmax())])
         return tokens
+
+    def _phrase(self, word: str) -> str:
+        """``word``'s translation in -phrase_table, else ``word``. As OpenNMT-py reads the
+        table: the last line that starts with ``word`` (a prefix match) gives it."""
+        phrase = word
+        for line in self.phrase_table:
+            if line.startswith(word):
+                phrase = line.split("|||")[1].strip()
+        return phrase
+
+
+def read_phrase_table(path: str) -> List[str]:
+    """The lines of a -phrase_table file ("source|||target" each); refuses others by line."""
+    if not path:
+        return []
+    lines = list(lines_of(path))
+    for number, line in enumerate(lines, 1):
+        if "|||" not in line:
+            raise InputError(f"{path}: line {number}: expected 'source|||target', got "
+                             f"{line[:40]!r}")
+    return lines
 
 
 def _shards(src, tgt, shard_size: int):
@@ -422,8 +466,11 @@ def build_translator(opt) -> Translator:
     ``given_options``.
     """
     device = _device(_get(opt, "gpu", -1))
-    model, ckpt = load_model(_get(opt, "model"), device)
-    src_vocab, tgt_vocab, model_type = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt.get("model_type")
+    paths = _get(opt, "model")
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    path = paths[0]
+    model, ckpt = load_model(path, device)
+    src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
     fields = DecodingOptions.__dataclass_fields__
     values = {name: _get(opt, name) for name in fields if _get(opt, name) is not None}
     given = _get(opt, "given_options")
@@ -434,23 +481,43 @@ def build_translator(opt) -> Translator:
         if _get(opt, "transforms"):
             raise TransformError("-transforms: a Marian model brings its own tokenizer "
                                  "(source.spm, target.spm, vocab.json)")
-        transform = marian.build_tokenizer(ckpt.tokenizer, _get(opt, "model"))
+        transform = marian.build_tokenizer(ckpt.tokenizer, path)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
-        values.update(_generation_defaults(ckpt, given, values, _get(opt, "model")))
+        values.update(_generation_defaults(ckpt, given, values, path))
     else:
-        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, _get(opt, "model"))
+        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
     del ckpt  # its weights are in the model now: free them before quantising, not after
-    model = for_inference(model, device, bool(_get(opt, "int8", False)),
-                          _get(opt, "precision", "fp32") or "fp32")
-    max_src = None if model_type == "rnn" else model.encoder.embeddings.max_len
-    if max_src is not None:  # the decoder's first input takes position 0
-        values["max_length"] = min(values.get("max_length", DecodingOptions.max_length),
-                                   model.decoder.embeddings.max_len - 1)
+    models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
+                        for other in paths[1:]]
+    models = [for_inference(m, device, bool(_get(opt, "int8", False)),
+                            _get(opt, "precision", "fp32") or "fp32") for m in models]
+    max_src = None  # the shortest position table of the models, if any has one
+    for m in models:
+        limit = getattr(getattr(m.encoder, "embeddings", None), "max_len", None)
+        if limit is not None:  # a Transformer: the decoder's first input takes position 0
+            max_src = min(max_src or limit, limit)
+            values["max_length"] = min(values.get("max_length", DecodingOptions.max_length),
+                                       m.decoder.embeddings.max_len - 1)
+    if len(models) > 1:
+        if values.get("search", "onmt") != "onmt":
+            raise ValueError("-model: an ensemble decodes with -search onmt only")
+        model = EnsembleModel(models, bool(_get(opt, "avg_raw_probs", False)))
     options = DecodingOptions(**values)
     inter_threads = _get(opt, "inter_threads")
     return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                       1 if inter_threads is None else inter_threads, transform)
+
+
+def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):
+    """Another model of an ensemble: it must read and write the first one's vocabularies."""
+    model, ckpt = load_model(path, device)
+    if ckpt.tokenizer.get("kind") == "marian":
+        raise CheckpointError(f"{path}: a Marian model cannot join an ensemble")
+    if ckpt.src_vocab.itos != src_vocab.itos or ckpt.tgt_vocab.itos != tgt_vocab.itos:
+        raise CheckpointError(f"{path}: its vocabularies differ from those of {first}: the "
+                              "models of an ensemble share one vocabulary")
+    return model
 
 
 FITTING_SHARE = 0.5  # of a subword model's pieces that the model's vocabulary must hold
