@@ -126,3 +126,56 @@ def test_hf_only_flags_are_refused_with_onmt_options(tmp_path):
         build_translator({"model": folder, "search": "hf", "coverage_penalty": "wu"})
     with pytest.raises(ValueError, match="-early_stopping must be one of"):
         build_translator({"model": folder, "search": "hf", "early_stopping": "maybe"})
+
+
+def test_beam_sampling_draws_candidates_in_proportion_without_replacement():
+    from onmt_lite.search.candidates import BeamSampler
+    scores = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]]))  # one sentence, k = 1
+    sampler = BeamSampler(torch.Generator().manual_seed(0))
+    firsts = torch.zeros(4)
+    for _ in range(4000):
+        values, ids = sampler.pick(scores, 1)
+        assert ids[0, 0] != ids[0, 1]  # 2k distinct candidates
+        assert values.tolist() == scores.view(1, -1).gather(1, ids).tolist()
+        firsts[ids[0, 0]] += 1
+    share = firsts / firsts.sum()  # each within 4 standard errors of its probability
+    for p, seen in zip([0.5, 0.3, 0.15, 0.05], share.tolist()):
+        assert abs(seen - p) < 4 * (p * (1 - p) / 4000) ** 0.5
+
+
+def test_warpers_are_hugging_faces():
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from onmt_lite.search.processors import Warper
+    scores = torch.randn(6, 50, generator=torch.Generator().manual_seed(3)).log_softmax(1)
+    for temperature, top_k, top_p in ((0.7, 5, 0.0), (1.0, 0, 0.8), (1.3, 10, 0.9), (1, 1, 0)):
+        theirs = TemperatureLogitsWarper(temperature)(None, scores.clone()) \
+            if temperature != 1 else scores.clone()
+        if top_k:
+            theirs = TopKLogitsWarper(top_k, min_tokens_to_keep=2)(None, theirs)
+        if top_p:
+            theirs = TopPLogitsWarper(top_p, min_tokens_to_keep=2)(None, theirs)
+        ours = scores.clone()
+        Warper(temperature, top_k, top_p, min_keep=2)(ours, 1, None)
+        assert torch.equal(ours, theirs), (temperature, top_k, top_p)
+
+
+def test_beam_sampling_is_seeded_and_keeps_one_line_per_input(tmp_path):
+    folder = write_marian(tmp_path, seed=6, eos_bias=3.0)
+
+    def run(seed):
+        translator = build_translator({"model": folder, "search": "hf", "beam_size": 3,
+                                       "n_best": 2, "random_sampling_topk": -1, "seed": seed})
+        return [r.preds for r in translator.translate(LINES, batch_size=8)]
+
+    first = run(7)
+    assert run(7) == first and run(8) != first
+    assert all(len(preds) == 2 for preds in first)
+    greedy_beam = build_translator({"model": folder, "search": "hf", "beam_size": 3})
+    with pytest.raises(ValueError, match="or -search hf: beam sampling"):
+        build_translator({"model": folder, "beam_size": 3, "random_sampling_topk": -1})
+    assert greedy_beam.opt.beam_size == 3

@@ -27,6 +27,19 @@ class TopK:
 
 
 @dataclass
+class BeamSampler:
+    """Beam sampling (Hugging Face ``do_sample`` with ``num_beams``): each sentence draws its
+    2 x ``beam_size`` candidates without replacement, in proportion to the softmax of their
+    scores, in the order drawn."""
+    generator: Optional[torch.Generator] = None
+
+    def pick(self, scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        flat = scores.reshape(scores.size(0), -1)
+        ids = torch.multinomial(flat.softmax(1), 2 * k, generator=self.generator)
+        return flat.gather(1, ids), ids
+
+
+@dataclass
 class Sampler:
     """Random sampling: keep the ``topk`` best tokens (0 = all) or the smallest set whose
     probability reaches ``topp`` (0 = off), divide the logits by ``temperature``, sample."""

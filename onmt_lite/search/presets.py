@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from onmt_lite.constants import FINISHED_SCORE
-from onmt_lite.search.candidates import Sampler, TopK
+from onmt_lite.search.candidates import BeamSampler, Sampler, TopK
 from onmt_lite.search.finishing import OnmtSlots, RefillBeams, ReplaceFinished
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import Search
@@ -26,6 +26,7 @@ from onmt_lite.search.processors import (
     Renormalise,
     RepetitionPenalty,
     TargetPrefix,
+    Warper,
 )
 
 
@@ -89,6 +90,11 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         processors.append(BanToken(vocab.unk, preset.min_length_score))
     if opt.forced_eos:
         processors.append(ForcedEOS(max_length, eos))
+    beam_sampling = sampler is not None and not greedy
+    if beam_sampling:
+        if preset.name != "hf":
+            raise ValueError(f"sampling in a beam needs -search hf, not {preset.name}")
+        processors.append(Warper(sampler.temperature, sampler.topk, sampler.topp, min_keep=2))
     if opt.renormalize_logits and preset.name == "hf":
         processors.append(Renormalise())
     candidate_processors = []
@@ -109,7 +115,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         selection = sampler or TopK()
     elif preset.rule == "refill":
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
-        selection = TopK(width_factor=rule.width_factor, exact=True)
+        selection = BeamSampler(sampler.generator) if beam_sampling else TopK(
+            width_factor=rule.width_factor, exact=True)
     else:
         rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience)
         selection = TopK(width_factor=rule.width_factor, exact=True)

@@ -119,6 +119,28 @@ class Renormalise(Processor):
         scores.copy_(torch.log_softmax(scores, dim=-1))
 
 
+class Warper(Processor):
+    """Hugging Face's sampling warpers, in its order: divide by ``temperature``, keep the
+    ``top_k`` best (0: all) and the smallest set whose probability reaches ``top_p`` (0 or 1:
+    all), never fewer than ``min_keep`` tokens; the others get -inf."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, min_keep: int):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.min_keep = min_keep
+
+    def __call__(self, scores, step, history):
+        if self.temperature != 1.0:
+            scores.div_(self.temperature)
+        if self.top_k > 0:
+            k = min(max(self.top_k, self.min_keep), scores.size(1))
+            scores.masked_fill_(scores < scores.topk(k, dim=1).values[:, -1:], NEG_INF)
+        if 0 < self.top_p < 1:
+            ascending, order = scores.sort(dim=1)
+            drop = ascending.softmax(1).cumsum(1) <= 1 - self.top_p
+            drop[:, -self.min_keep:] = False
+            scores.masked_fill_(drop.scatter(1, order, drop), NEG_INF)
+
+
 class RepetitionPenalty(Processor):
     """The ``repetition_penalty`` of Hugging Face and CTranslate2 (CTRL's): a token already in
     the hypothesis has its score multiplied by ``penalty`` where negative, divided where

@@ -94,8 +94,8 @@ class DecodingOptions:
         if self.ratio < 0:
             raise ValueError("-ratio must be 0 (off) or more")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
-        if sampling and self.beam_size != 1:
-            raise ValueError("random sampling needs -beam_size 1")
+        if sampling and self.beam_size != 1 and self.search != "hf":
+            raise ValueError("random sampling needs -beam_size 1 (or -search hf: beam sampling)")
 
 
 class Translator:
