@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
                  "(not given: {'mode': 'none'})")
     g = parser.add_argument_group("Beam search")
-    add(g, "search", default="onmt", choices=["onmt", "hf", "ctranslate2"],
+    add(g, "search", default="onmt", choices=["onmt", "hf", "ctranslate2", "tf"],
         help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py), "
-             "hf (Hugging Face generate) or ctranslate2; see the README's table")
+             "hf (Hugging Face generate), ctranslate2, or tf (TensorFlow official models); "
+             "see the README's table")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
         help="hypotheses written per input line (at most -beam_size)")

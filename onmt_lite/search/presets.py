@@ -3,7 +3,8 @@
 Under a preset the shared flags mean what that toolkit's parameter of the same role means
 (README, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face ``generate``
 (transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``ctranslate2`` is
-CTranslate2 4.x's ``translate_batch``.
+CTranslate2 4.x's ``translate_batch``; ``tf`` is the beam search of TensorFlow's official models
+(``official/nlp/modeling/ops/beam_search.py``, GNMT length normalisation).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -12,7 +13,7 @@ import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.search.candidates import BeamSampler, Sampler, TopK
-from onmt_lite.search.finishing import OnmtSlots, RefillBeams, ReplaceFinished
+from onmt_lite.search.finishing import AliveFinished, OnmtSlots, RefillBeams, ReplaceFinished
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import Search
 from onmt_lite.search.processors import (
@@ -35,8 +36,9 @@ class Preset:
     """The choices that make one toolkit's search.
 
     rule: ``slots`` (OpenNMT-py: a finished hypothesis holds its slot), ``refill`` (Hugging
-        Face: 2k candidates, the k best running ones go on) or ``replace`` (CTranslate2: 2k
-        candidates, a finished one's slot taken by the next running one).
+        Face: 2k candidates, the k best running ones go on), ``replace`` (CTranslate2: 2k
+        candidates, a finished one's slot taken by the next running one) or ``alive``
+        (TensorFlow: 2k candidates, alive and finished sets, a bound to stop).
     min_length_score: what ``</s>`` gets before ``-min_length`` tokens.
     ngram_block: ``onmt`` (on candidate scores, -ignore_when_blocking exempt) or
         ``no_repeat`` (no_repeat_ngram_size: on log-probs, -inf).
@@ -60,7 +62,11 @@ PRESETS = {
                  on_logits="greedy"),
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
                           ban_renormalises=False, on_logits="always", count_start=False),
+    "tf": Preset("tf", "alive", NEG_INF, "none", ban_renormalises=False),
 }
+# what each preset's toolkit lacks: these options must keep their "off" value under it
+LACKS = {"tf": {"min_length": 0, "block_ngram_repeat": 0, "repetition_penalty": 1.0,
+                "ban_unk_token": False}}
 
 
 def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
@@ -117,7 +123,10 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
         selection = BeamSampler(sampler.generator) if beam_sampling else TopK(
             width_factor=rule.width_factor, exact=True)
-    else:
+    elif preset.rule == "replace":
         rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience)
+        selection = TopK(width_factor=rule.width_factor, exact=True)
+    else:
+        rule = AliveFinished(eos, max_length, opt.n_best, opt.alpha)
         selection = TopK(width_factor=rule.width_factor, exact=True)
     return Search(rule, processors, candidate_processors, selection, on_logits)

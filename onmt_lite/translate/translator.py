@@ -20,7 +20,7 @@ from onmt_lite.search.candidates import Sampler
 from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import beam_search
-from onmt_lite.search.presets import PRESETS, build_search
+from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
 from onmt_lite.translate.translation import Translation
@@ -78,6 +78,9 @@ class DecodingOptions:
             raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
         if self.repetition_penalty <= 0:
             raise ValueError("-repetition_penalty must be above 0")
+        for name, off in LACKS.get(self.search, {}).items():
+            if getattr(self, name) != off:
+                raise ValueError(f"-{name}: -search {self.search} has no such setting")
         if self.patience <= 0:
             raise ValueError("-patience must be above 0")
         if self.search != "onmt":
