@@ -44,8 +44,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
         for each sentence, its n-best hypotheses, best first.
     """
     k, batch, dec, device = beam_size, src.size(0), model.decoder, src.device
-    rule, sampler = search.rule, search.selection
-    sampling = isinstance(sampler, Sampler)
+    rule, selection = search.rule, search.selection
+    sampling = isinstance(selection, Sampler)  # one token drawn per hypothesis
     processors = list(search.processors) + list(search.candidate_processors)
     # a. Encode once. The first step extends hypothesis 0 only, so it runs on one row per
     # sentence; then every state row is repeated k times (rows are sentence-major: b * k + j).
@@ -89,10 +89,10 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
                 processor(allowed, step, seqs)
         # d. The chosen candidates of each sentence: their origin rows and tokens.
         if sampling:
-            ids = sampler.draw(allowed).view(n, 1)
+            ids = selection.draw(allowed).view(n, 1)
             values = ranked.gather(1, ids)
         else:
-            values, ids = sampler.pick(ranked.view(n, k, vocab), k)  # (n, width)
+            values, ids = selection.pick(ranked.view(n, k, vocab), k)  # (n, width)
         width = ids.size(1)
         origin = torch.div(ids, vocab, rounding_mode="floor")
         tokens = ids - origin * vocab
