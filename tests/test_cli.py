@@ -11,6 +11,7 @@ from onmt_lite.cli import translate as translate_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "data", "multi30k_en_de.pt")
+SHIPPED_RAW = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")
 
 
 def _run(args, capsys=None):
@@ -180,7 +181,16 @@ def test_sampling_never_draws_a_blocked_token(tiny_model):
 @pytest.mark.skipif(not os.path.exists(SHIPPED), reason="the shipped model is not in data/")
 def test_shipped_model_on_demo_sentences(tmp_path):
     out = tmp_path / "demo.de"
-    assert _run(["-model", SHIPPED, "-src", os.path.join(ROOT, "data", "demo.en"),
+    assert _run(["-model", SHIPPED_RAW, "-src", os.path.join(ROOT, "data", "demo.en"),
+                 "-output", out, "-beam_size", 5]) == 0
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == 8 and all(lines)
+    assert lines[3].startswith("Ein schwarzer Hund") and lines[3].endswith(".")
+
+
+def test_lowercased_model_on_its_demo_sentences(tmp_path):
+    out = tmp_path / "demo.de"
+    assert _run(["-model", SHIPPED, "-src", os.path.join(ROOT, "data", "demo.lc.en"),
                  "-output", out, "-beam_size", 5]) == 0
     lines = out.read_text().split("\n")[:-1]
     assert len(lines) == 8 and all(lines)
