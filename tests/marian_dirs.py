@@ -99,8 +99,9 @@ def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: boo
     return folder
 
 
-def generate(folder, sources, **kwargs):
-    """transformers' own translations: (token lists, summed log-probs, decoded texts)."""
+def run_generate(folder, sources, **kwargs):
+    """transformers' ``generate`` on a Marian directory: (tokenizer, model, its output with
+    scores)."""
     from transformers import MarianMTModel, MarianTokenizer
     tokenizer = MarianTokenizer.from_pretrained(folder)
     model = MarianMTModel.from_pretrained(folder).eval()
@@ -108,6 +109,12 @@ def generate(folder, sources, **kwargs):
     with torch.no_grad():
         out = model.generate(**batch, do_sample=False, output_scores=True,
                              return_dict_in_generate=True, **kwargs)
+    return tokenizer, model, out
+
+
+def generate(folder, sources, **kwargs):
+    """transformers' own translations: (token lists, summed log-probs, decoded texts)."""
+    tokenizer, model, out = run_generate(folder, sources, **kwargs)
     steps = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
     eos, tokens, scores, texts = model.generation_config.eos_token_id, [], [], []
     for seq, step_scores in zip(out.sequences.tolist(), steps):

@@ -102,3 +102,16 @@ def test_an_ensemble_may_join_a_transformer_and_an_rnn(inputs, tmp_path):
                                str(output), "-beam_size", "3", "-no_progress"]) == 0
     lines = output.read_text(encoding="utf-8").splitlines()
     assert len(lines) == REF["lines"] and all(lines)
+
+
+def test_bad_decoding_requests_are_one_clear_line(inputs, tmp_path, capsys):
+    model = os.path.join(SHARED_FIXTURES, "transformer.pt")
+    other = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py-spm", "model.pt")
+    output = tmp_path / "pred.txt"
+    base = ["-src", str(inputs["en"]), "-output", str(output), "-no_progress"]
+    assert translate_cli.main(["-model", model, *base, "-tgt_file_prefix"]) != 0
+    assert "-tgt_file_prefix forces the -tgt lines: give -tgt" in capsys.readouterr().err
+    if os.path.exists(other):
+        assert translate_cli.main(["-model", model, other, *base]) != 0
+        assert "its vocabularies differ" in capsys.readouterr().err
+    assert not output.exists()

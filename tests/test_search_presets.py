@@ -1,7 +1,7 @@
 """``-search hf`` is Hugging Face ``generate``: the same hypotheses, in the same order, with the
 same scores, on tiny Marian models, for every beam-search setting that changes the result."""
 import pytest
-from marian_dirs import OPUS_GENERATION, SOURCES, sentences, write_marian
+from marian_dirs import OPUS_GENERATION, SOURCES, run_generate, sentences, write_marian
 
 from onmt_lite.translate import build_translator
 
@@ -49,13 +49,7 @@ CASES = {
 
 def hf_hypotheses(folder, lines, **kwargs):
     """generate()'s hypotheses per line: [(pieces with </s>, sequences_scores or None)]."""
-    from transformers import MarianMTModel, MarianTokenizer
-    tokenizer = MarianTokenizer.from_pretrained(folder)
-    model = MarianMTModel.from_pretrained(folder).eval()
-    batch = tokenizer(lines, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = model.generate(**batch, do_sample=False, return_dict_in_generate=True,
-                             output_scores=True, **kwargs)
+    tokenizer, model, out = run_generate(folder, lines, **kwargs)
     n = kwargs.get("num_return_sequences", 1)
     eos, pad = model.generation_config.eos_token_id, model.config.pad_token_id
     scores = out.sequences_scores.tolist() if kwargs["num_beams"] > 1 else [None] * len(

@@ -179,10 +179,7 @@ class RefillBeams:
         merged = torch.cat([self.best, normalised], dim=1)
         chosen = merged.topk(k, dim=1).indices
         if bool(finishing.any()):
-            for i, picks in enumerate(chosen.tolist()):
-                if any(j >= k for j in picks):
-                    self.slots[i] = [self.slots[i][j] if j < k else path(i * width + j - k)
-                                     for j in picks]
+            _take_finished(self.slots, chosen, width, path)
         self.best = merged.gather(1, chosen)
         self.is_finished = torch.cat([self.is_finished, finishing], dim=1).gather(1, chosen)
         # Can a running hypothesis still beat the worst finished one?
@@ -210,6 +207,16 @@ class RefillBeams:
         self.is_finished = self.is_finished.index_select(0, sentences)
         self.improvable = self.improvable.index_select(0, sentences)
         self.slots = [self.slots[i] for i in sentences.tolist()]
+
+
+def _take_finished(slots: List[list], chosen: torch.Tensor, width: int,
+                   path: CandidatePath) -> None:
+    """Each sentence's k finished slots after a merge: ``chosen`` (n, k) indexes the old slots
+    (below k) and then the step's candidates (k and up)."""
+    k = len(slots[0])
+    for i, picks in enumerate(chosen.tolist()):
+        if any(j >= k for j in picks):
+            slots[i] = [slots[i][j] if j < k else path(i * width + j - k) for j in picks]
 
 
 def _finished(slot: Optional[tuple], score: float) -> Hypothesis:
@@ -342,10 +349,7 @@ class AliveFinished:
         merged = torch.cat([self.scores, new], dim=1)
         chosen = merged.topk(k, dim=1).indices
         if bool(ends.any()):
-            for i, picks in enumerate(chosen.tolist()):
-                if any(j >= k for j in picks):
-                    self.slots[i] = [self.slots[i][j] if j < k else path(i * width + j - k)
-                                     for j in picks]
+            _take_finished(self.slots, chosen, width, path)
         self.scores = merged.gather(1, chosen)
         self.flags = torch.cat([self.flags, ends.bool()], dim=1).gather(1, chosen)
         best_alive = self.alive[:, 0] / self._norm(self.max_length)
