@@ -1,8 +1,11 @@
 """``-search ctranslate2`` is CTranslate2's beam search: the OpenNMT-py Transformer fixture
-gives the hypotheses that CTranslate2 4.8.5 gives on it, in the same order, with its scores.
+(converted by CTranslate2's OpenNMT-py converter) and a tiny Marian model (by its Transformers
+converter) give the hypotheses that CTranslate2 4.8.5 gives on them, in the same order, with
+its scores; with target prefixes too.
 
 The reference (tests/reference/ctranslate2.json) is CTranslate2's own output, made by
-tests/reference/make_ctranslate2.py in a side environment; the fixture is read from ../shared.
+tests/reference/make_ctranslate2.py in a side environment; the fixture is read from ../shared,
+the Marian model from tests/reference/marian_tiny.
 """
 import json
 import os
@@ -17,22 +20,32 @@ from onmt_lite.translate import build_translator
 MODEL = os.path.join(SHARED_FIXTURES, "transformer.pt")
 SOURCE = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test_2016_flickr.lc.tok.en")
 REFERENCE = os.path.join(ROOT, "tests", "reference", "ctranslate2.json")
-pytestmark = pytest.mark.skipif(not (os.path.exists(MODEL) and os.path.exists(SOURCE)),
-                                reason="needs ../shared (the OpenNMT-py fixture, Multi30k)")
+MARIAN = os.path.join(ROOT, "tests", "reference", "marian_tiny")
+needs_shared = pytest.mark.skipif(not (os.path.exists(MODEL) and os.path.exists(SOURCE)),
+                                  reason="needs ../shared (the OpenNMT-py fixture, Multi30k)")
 # translate_batch argument -> onmt_lite option
 OPTIONS = dict(beam_size="beam_size", num_hypotheses="n_best", length_penalty="alpha",
                patience="patience", min_decoding_length="min_length",
                max_decoding_length="max_length", repetition_penalty="repetition_penalty",
                no_repeat_ngram_size="block_ngram_repeat")
-# CTranslate2's defaults where onmt_lite's differ
-DEFAULTS = dict(alpha=1.0, max_length=256)
-# CTranslate2 scores a hypothesis in its beam search up to 8e-4 apart from its own score_batch
-# on the same tokens (line 15, "drei personen sitzen in einer <unk> .": -1.75382 against
-# -1.75464, which onmt_lite gives for both): its incremental decoder's rounding
-SCORE_TOLERANCE = 1e-3
+# translate_batch's defaults where onmt_lite's differ (min_decoding_length 1: no empty output)
+DEFAULTS = dict(alpha=1.0, max_length=256, min_length=1)
+SCORE_TOLERANCE = 1e-4  # or float32's rounding of long sums (rel 2e-6, at -107: 1.3e-4)
 
 with open(REFERENCE, encoding="utf-8") as f:
-    CASES = json.load(f)["cases"]
+    REF = json.load(f)
+
+
+def options_of(case: dict) -> dict:
+    return {**DEFAULTS, **{OPTIONS[k]: v for k, v in case["options"].items()}}
+
+
+def assert_same(results, expected):
+    assert len(results) == len(expected)
+    for number, (result, theirs) in enumerate(zip(results, expected), 1):
+        assert [" ".join(p) for p in result.preds] == [h for h, _ in theirs], number
+        assert result.scores == pytest.approx([s for _, s in theirs], abs=SCORE_TOLERANCE,
+                                               rel=2e-6), number
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +54,58 @@ def lines():
         return [next(f).rstrip("\n") for _ in range(150)]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@needs_shared
+@pytest.mark.parametrize("case", list(REF["cases"]))
 def test_ctranslate2_search_is_ctranslate2s(case, lines):
-    options = {**DEFAULTS, **{OPTIONS[k]: v for k, v in CASES[case]["options"].items()}}
-    translator = build_translator({"model": MODEL, "search": "ctranslate2", **options})
+    translator = build_translator({"model": MODEL, "search": "ctranslate2",
+                                   **options_of(REF["cases"][case])})
+    assert_same(translator.translate(lines, batch_size=32), REF["cases"][case]["hypotheses"])
+
+
+@needs_shared
+@pytest.mark.parametrize("case", list(REF["prefix_cases"]))
+def test_target_prefixes_are_ctranslate2s(case, lines):
+    """-tgt_file_prefix is translate_batch's target_prefix: the prefix is forced and returned,
+    the score counts what follows it (two lines in three have a prefix, the others none)."""
+    translator = build_translator({"model": MODEL, "search": "ctranslate2",
+                                   "tgt_file_prefix": True,
+                                   **options_of(REF["prefix_cases"][case])})
+    prefixes = [" ".join(p) for p in REF["prefixes"]]
+    assert_same(translator.translate(lines, prefixes, batch_size=32),
+                REF["prefix_cases"][case]["hypotheses"])
+
+
+@pytest.mark.parametrize("case", list(REF["marian_cases"]))
+def test_a_marian_model_decodes_as_ctranslate2_converts_it(case):
+    """CTranslate2's converter drops <pad> from the vocabulary and no generation setting
+    applies; an empty line (the tokenizer's lone </s>) gives an empty translation, score 0."""
+    translator = build_translator({"model": MARIAN, "search": "ctranslate2",
+                                   **options_of(REF["marian_cases"][case])})
+    lines = REF["marian_lines"]
+    assert "" in lines
     results = translator.translate(lines, batch_size=32)
-    expected = CASES[case]["hypotheses"]
-    assert len(results) == len(expected)
-    for number, (result, theirs) in enumerate(zip(results, expected), 1):
-        assert [" ".join(p) for p in result.preds] == [h for h, _ in theirs], number
-        assert result.scores == pytest.approx([s for _, s in theirs], abs=SCORE_TOLERANCE), number
+    assert_same([_pieces(r) for r in results], REF["marian_cases"][case]["hypotheses"])
 
 
-def test_a_first_step_end_after_the_best_candidate_is_a_dead_end():
-    """CTranslate2 turns a first-step </s> other than the best candidate into token 0 with
-    score -1e10 on the first hypothesis, so no empty hypothesis is recorded from it (case
-    "beam 6, length_penalty 2" line 115 has one otherwise)."""
-    rule = ReplaceFinished(eos=3, max_length=10, n_best=1)
-    values = torch.tensor([[-0.1, -0.5, -0.7, -0.9]])
-    origin, tokens = torch.tensor([[0, 0, 0, 0]]), torch.tensor([[3, 5, 3, 6]])
-    revised = rule.revise(values, origin, tokens, step=1)
-    assert revised[0][0].tolist() == pytest.approx([-0.1, -0.5, -1e10, -0.9])
-    assert revised[2].tolist() == [[3, 5, 0, 6]]
-    later = rule.revise(values, origin, tokens, step=2)
-    assert later[2].tolist() == [[3, 5, 3, 6]] and torch.equal(later[0], values)
+def _pieces(result):
+    """Marian results as CTranslate2 gives them: pieces without </s>."""
+    result.preds = [[p for p in pred if p != "</s>"] for pred in result.preds]
+    return result
+
+
+def test_a_prefix_is_forced_from_the_first_hypothesis_and_then_set_free():
+    """While its prefix lasts, every candidate of a sentence is the prefix's next token from
+    hypothesis 0, score 0 for the first and -1e10 for the others; at the first free step a </s>
+    other than the best candidate becomes a dead end."""
+    eos = 3
+    rule = ReplaceFinished(eos=eos, max_length=10, n_best=1,
+                           prefixes=torch.tensor([[7, 8, eos], [eos, 1, 1]]))
+    values = torch.tensor([[-0.1, -0.5, -0.7, -0.9], [-0.2, -0.3, -0.6, -0.8]])
+    origin, tokens = torch.tensor([[0, 1, 0, 1]] * 2), torch.tensor([[3, 5, 3, 6], [4, 3, 5, 3]])
+    forced, origins, chosen = rule.revise(values, origin, tokens, step=1)
+    assert forced[0].tolist() == [0.0, -1e10, -1e10, -1e10] and chosen[0].tolist() == [7] * 4
+    assert origins[0].tolist() == [0, 0, 0, 0]
+    assert forced[1].tolist() == pytest.approx([-0.2, -1e10, -0.6, -1e10])  # free: </s> dead
+    assert chosen[1].tolist() == [4, 0, 5, 0] and origins[1].tolist() == [0, 0, 0, 0]
+    forced, _, chosen = rule.revise(values, origin, tokens, step=4)  # both past the rule
+    assert torch.equal(forced, values) and torch.equal(chosen, tokens)

@@ -21,7 +21,7 @@ from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 
 HF_EXCLUDED = -1.0e9  # Hugging Face's additive mask for beams that may not be chosen
-CT2_PENALISED = -1.0e10  # CTranslate2's score for a first-step </s> that is not the best
+CT2_PENALISED = -1.0e10  # CTranslate2's score for what a target prefix rules out
 
 
 @dataclass
@@ -232,13 +232,25 @@ class ReplaceFinished:
     slot goes to the next candidate beyond the first k that did not end. A sentence is done at
     ``max_length``, or when round(k * patience) hypotheses are recorded; with alpha 0, as soon as
     its best candidate has ended once and ``n_best`` are recorded. Recorded scores are then
-    divided by length ** alpha (``</s>`` counted) and the best ``n_best`` kept."""
+    divided by length ** alpha (``</s>`` counted) and the best ``n_best`` kept.
+
+    With target prefixes (CTranslate2's ``target_prefix``), every candidate of a sentence takes
+    the prefix's next token while it lasts, from the first hypothesis: that one with score 0, the
+    others -1e10, so a hypothesis scores only what follows its prefix. At the first step after
+    the prefix, a ``</s>`` candidate other than the best becomes token 0 with score -1e10.
+
+    Args:
+        prefixes: (batch, P) prefix token ids, each followed by ``</s>`` and padding.
+    """
     width_factor = 2
 
     def __init__(self, eos: int, max_length: int, n_best: int, alpha: float = 1.0,
-                 patience: float = 1.0):
+                 patience: float = 1.0, prefixes: Optional[torch.Tensor] = None):
         self.eos, self.max_length, self.n_best, self.alpha = eos, max_length, n_best, alpha
         self.patience = patience
+        self.prefixes = prefixes
+        if prefixes is not None:  # the index of each prefix's </s> is its length
+            self.prefix_lengths = prefixes.eq(eos).int().argmax(1)
 
     def start(self, batch: int, k: int, padding: torch.Tensor) -> None:
         self.k = k
@@ -252,15 +264,22 @@ class ReplaceFinished:
         return log_probs.add_(self.running.view(-1, 1))
 
     def revise(self, values, origin, tokens, step):
-        """At the first step, a ``</s>`` among the candidates after the best becomes token 0
-        with score -1e10 (CTranslate2 guards against short hypotheses so when its target prefix
-        is empty, as it is by default)."""
-        if step == 1:
-            early = tokens.eq(self.eos)
-            early[:, 0] = False
-            if bool(early.any()):
-                values = values.masked_fill(early, CT2_PENALISED)
-                origin, tokens = origin.masked_fill(early, 0), tokens.masked_fill(early, 0)
+        """The target prefixes' rule (see the class docstring) on the chosen candidates."""
+        if self.prefixes is None:
+            return values, origin, tokens
+        position = step - 1  # tokens of the prefix before this step's
+        forced = (self.prefix_lengths > position).unsqueeze(1)  # (n, 1)
+        if bool(forced.any()):
+            wanted = self.prefixes[:, min(position, self.prefixes.size(1) - 1)].unsqueeze(1)
+            first = torch.zeros_like(values)
+            first[:, 1:] = CT2_PENALISED
+            values, origin = values.where(~forced, first), origin.masked_fill(forced, 0)
+            tokens = tokens.where(~forced, wanted.expand_as(tokens))
+        early = tokens.eq(self.eos) & (self.prefix_lengths == position).unsqueeze(1)
+        early[:, 0] = False
+        if bool(early.any()):
+            values = values.masked_fill(early, CT2_PENALISED)
+            origin, tokens = origin.masked_fill(early, 0), tokens.masked_fill(early, 0)
         return values, origin, tokens
 
     def advance(self, values, rows, tokens, step, attn, path):
@@ -268,6 +287,8 @@ class ReplaceFinished:
         k = self.k
         last = step >= self.max_length
         ends = tokens.eq(self.eos)
+        if self.prefixes is not None:  # a prefix's own </s> ends nothing
+            ends &= (self.prefix_lengths < step).unsqueeze(1)
         going_on = torch.arange(k, device=values.device).expand(n, k)
         done = {}
         if last or bool(ends[:, :k].any()):
@@ -299,6 +320,9 @@ class ReplaceFinished:
 
     def keep(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
         self.running = self.running.index_select(0, sentences)
+        if self.prefixes is not None:
+            self.prefixes = self.prefixes.index_select(0, sentences)
+            self.prefix_lengths = self.prefix_lengths.index_select(0, sentences)
         kept = sentences.tolist()
         self.top_ended = [self.top_ended[i] for i in kept]
         self.recorded = [self.recorded[i] for i in kept]

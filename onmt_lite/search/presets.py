@@ -107,8 +107,9 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
         candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
     if prefixes is not None:
-        if preset.name != "onmt":
+        if preset.rule not in ("slots", "replace"):
             raise ValueError(f"-tgt_file_prefix: not available with -search {preset.name}")
+    if prefixes is not None and preset.rule == "slots":
         candidate_processors.append(
             TargetPrefix(prefixes.repeat_interleave(k, dim=0), eos, vocab.pad))
     if preset.rule == "slots" or (greedy and preset.rule == "refill"):
@@ -124,7 +125,7 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         selection = BeamSampler(sampler.generator) if beam_sampling else TopK(
             width_factor=rule.width_factor, exact=True)
     elif preset.rule == "replace":
-        rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience)
+        rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience, prefixes)
         selection = TopK(width_factor=rule.width_factor, exact=True)
     else:
         rule = AliveFinished(eos, max_length, opt.n_best, opt.alpha)

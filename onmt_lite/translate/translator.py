@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
+from onmt_lite.constants import EOS
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import for_inference, replica
@@ -86,7 +87,7 @@ class DecodingOptions:
         if self.search != "onmt":
             for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
                                     ("stepwise_penalty", False), ("length_penalty", "avg"),
-                                    ("ratio", 0.0), ("tgt_file_prefix", False)):
+                                    ("ratio", 0.0)):
                 if getattr(self, name) != onmt_only:
                     raise ValueError(f"-{name} is OpenNMT-py's: not available with "
                                      f"-search {self.search}")
@@ -94,6 +95,8 @@ class DecodingOptions:
             for name in ("repetition_penalty", "ban_unk_token", "ratio", "tgt_file_prefix"):
                 if getattr(self, name) != getattr(DecodingOptions, name):
                     raise ValueError(f"-{name} needs -beam_engine batch")
+        if self.tgt_file_prefix and self.search not in ("onmt", "ctranslate2"):
+            raise ValueError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
         if self.ratio < 0:
             raise ValueError("-ratio must be 0 (off) or more")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
@@ -241,11 +244,16 @@ class Translator:
             tokens = tokens[:limit]
         return tokens
 
+    def _empty(self, tokens: List[str]) -> bool:
+        """A source with nothing to translate: no tokens; under -search ctranslate2 also a lone
+        ``</s>`` (what a Marian tokenizer makes of an empty line), which CTranslate2 skips."""
+        return not tokens or (self.opt.search == "ctranslate2" and tokens == [EOS])
+
     def _batches(self, src_tokens, tgt_tokens, batch_size: int, batch_type: str):
         """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
         cuts consecutive batches, as OpenNMT-py does: ``batch_size`` sentences, or with
         ``tokens`` as many as keep sentences x longest source within ``batch_size``."""
-        order = [i for i, toks in enumerate(src_tokens) if toks]
+        order = [i for i, toks in enumerate(src_tokens) if not self._empty(toks)]
         if tgt_tokens is None:
             order.sort(key=lambda i: len(src_tokens[i]))
         else:
@@ -259,7 +267,7 @@ class Translator:
             batch.append(i)
         if batch:
             yield batch
-        empties = [i for i, toks in enumerate(src_tokens) if not toks]
+        empties = [i for i, toks in enumerate(src_tokens) if self._empty(toks)]
         if empties:
             yield empties
 
@@ -270,7 +278,7 @@ class Translator:
         """Translates lines ``indices`` of a shard that starts at input line ``offset``."""
         results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
-        if not src_tokens[indices[0]]:  # the batch of empty lines: empty translations
+        if self._empty(src_tokens[indices[0]]):  # the batch of empty lines: empty translations
             for t, i in zip(results, indices):
                 t.preds, t.scores, t.attns = [[]] * self.opt.n_best, [0.0] * self.opt.n_best, \
                     [torch.zeros(0, 0)] * self.opt.n_best
@@ -543,9 +551,13 @@ def _check_pieces_fit(transform, src_vocab, tgt_vocab) -> None:
 def _generation_defaults(ckpt, given: set, values: dict, path: str) -> dict:
     """The DecodingOptions values a Marian model's generation settings give where the user
     gave none, as ``generate()`` applies them."""
+    search = values.get("search", DecodingOptions.search)
+    if search == "ctranslate2":  # as CTranslate2 runs the model its converter makes of it:
+        # no generation settings, and <pad> left out of the vocabulary
+        return {"forced_eos": False, "banned_tokens": [ckpt.tgt_vocab.pad]}
     try:
         settings, banned, forced = marian.decoding_settings(
-            ckpt.generation, ckpt.tgt_vocab, values.get("search", DecodingOptions.search))
+            ckpt.generation, ckpt.tgt_vocab, search)
     except marian.MarianError as err:
         raise CheckpointError(f"{path}: {err}") from None
     settings = {k: v for k, v in settings.items() if k not in given}
