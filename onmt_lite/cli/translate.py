@@ -60,10 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
                  "(not given: {'mode': 'none'})")
     g = parser.add_argument_group("Beam search")
-    add(g, "search", default="onmt", choices=["onmt", "hf", "ctranslate2", "tf"],
+    add(g, "search", default="onmt", choices=["onmt", "hf", "fairseq", "ctranslate2", "tf"],
         help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py), "
-             "hf (Hugging Face generate), ctranslate2, or tf (TensorFlow official models); "
-             "see the README's table")
+             "hf (Hugging Face generate), fairseq, ctranslate2, or tf (TensorFlow official "
+             "models); see the README's table")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
         help="hypotheses written per input line (at most -beam_size)")
@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "patience", type=number(above=0), default=1.0,
         help="-search ctranslate2: a sentence ends when round(-beam_size * patience) "
              "hypotheses are finished")
+    add(g, "diverse_groups", type=integer(1), default=1,
+        help="-search fairseq: diverse beam search with this many groups of hypotheses "
+             "(fairseq's --diverse-beam-groups; 1: off)")
+    add(g, "diverse_strength", type=number(), default=0.5,
+        help="-search fairseq: what a token costs a group for each earlier group's candidate "
+             "that chose it at the same step (--diverse-beam-strength)")
     add(g, "repetition_penalty", type=number(above=0), default=1.0,
         help="scores of tokens already in the hypothesis: times this when negative, divided "
              "when positive (Hugging Face's; 1: off)")

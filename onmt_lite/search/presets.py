@@ -2,7 +2,8 @@
 
 Under a preset the shared flags mean what that toolkit's parameter of the same role means
 (README, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face ``generate``
-(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``ctranslate2`` is
+(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``fairseq`` is fairseq
+0.12's ``SequenceGenerator`` (``DiverseBeamSearch`` with ``-diverse_groups``); ``ctranslate2`` is
 CTranslate2 4.x's ``translate_batch``; ``tf`` is the beam search of TensorFlow's official models
 (``official/nlp/modeling/ops/beam_search.py``, GNMT length normalisation).
 """
@@ -13,7 +14,14 @@ import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.search.candidates import BeamSampler, Sampler, TopK
-from onmt_lite.search.finishing import AliveFinished, OnmtSlots, RefillBeams, ReplaceFinished
+from onmt_lite.search.finishing import (
+    AliveFinished,
+    DiverseGroups,
+    FirstFinished,
+    OnmtSlots,
+    RefillBeams,
+    ReplaceFinished,
+)
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import Search
 from onmt_lite.search.processors import (
@@ -36,13 +44,15 @@ class Preset:
     """The choices that make one toolkit's search.
 
     rule: ``slots`` (OpenNMT-py: a finished hypothesis holds its slot), ``refill`` (Hugging
-        Face: 2k candidates, the k best running ones go on), ``replace`` (CTranslate2: 2k
+        Face: 2k candidates, the k best running ones go on), ``first`` (fairseq: the same, the
+        first k finished kept), ``replace`` (CTranslate2: 2k
         candidates, a finished one's slot taken by the next running one) or ``alive``
         (TensorFlow: 2k candidates, alive and finished sets, a bound to stop).
     min_length_score: what ``</s>`` gets before ``-min_length`` tokens.
     ngram_block: ``onmt`` (on candidate scores, -ignore_when_blocking exempt) or
         ``no_repeat`` (no_repeat_ngram_size: on log-probs, -inf).
     ban_renormalises: banned tokens leave the others' log-probs summing to 1.
+    bans_pad: the padding token is never generated (its log-prob -inf, not renormalised).
     on_logits: processors act on logits, log-softmax follows: ``never``, ``greedy`` (with one
         hypothesis, as Hugging Face's ``num_beams=1``) or ``always``.
     count_start: the decoder's start token is part of the history that repetition rules see.
@@ -54,19 +64,23 @@ class Preset:
     ban_renormalises: bool
     on_logits: str = "never"
     count_start: bool = True
+    bans_pad: bool = False
 
 
 PRESETS = {
     "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True),
     "hf": Preset("hf", "refill", NEG_INF, "no_repeat", ban_renormalises=False,
                  on_logits="greedy"),
+    "fairseq": Preset("fairseq", "first", NEG_INF, "no_repeat", ban_renormalises=False,
+                      bans_pad=True),
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
                           ban_renormalises=False, on_logits="always", count_start=False),
     "tf": Preset("tf", "alive", NEG_INF, "none", ban_renormalises=False),
 }
 # what each preset's toolkit lacks: these options must keep their "off" value under it
 LACKS = {"tf": {"min_length": 0, "block_ngram_repeat": 0, "repetition_penalty": 1.0,
-                "ban_unk_token": False}}
+                "ban_unk_token": False},
+         "fairseq": {"repetition_penalty": 1.0, "ban_unk_token": False}}
 
 
 def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
@@ -84,6 +98,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
     greedy = k == 1
     on_logits = preset.on_logits == "always" or (preset.on_logits == "greedy" and greedy)
     processors = []  # in Hugging Face's order; a renormalising ban comes first
+    if preset.bans_pad:
+        banned = sorted(set(banned) | {vocab.pad})
     if banned:
         processors.append(BannedTokens(banned, preset.ban_renormalises and not on_logits))
     if opt.repetition_penalty != 1.0:
@@ -96,6 +112,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         processors.append(BanToken(vocab.unk, preset.min_length_score))
     if opt.forced_eos:
         processors.append(ForcedEOS(max_length, eos))
+    if preset.rule == "first":  # after max_length tokens, </s> (with its own log-prob)
+        processors.append(ForcedEOS(max_length + 1, eos, keep_score=True))
     beam_sampling = sampler is not None and not greedy
     if beam_sampling:
         if preset.name != "hf":
@@ -124,6 +142,13 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
         selection = BeamSampler(sampler.generator) if beam_sampling else TopK(
             width_factor=rule.width_factor, exact=True)
+    elif preset.rule == "first" and opt.diverse_groups > 1:
+        rule = DiverseGroups(eos, max_length, opt.n_best, opt.alpha, opt.diverse_groups,
+                             opt.diverse_strength)
+        selection = rule
+    elif preset.rule == "first":
+        rule = FirstFinished(eos, max_length, opt.n_best, opt.alpha)
+        selection = TopK(width_factor=rule.width_factor, exact=True)
     elif preset.rule == "replace":
         rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience, prefixes)
         selection = TopK(width_factor=rule.width_factor, exact=True)

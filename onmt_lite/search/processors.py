@@ -81,15 +81,19 @@ class TargetPrefix(Processor):
 
 
 class ForcedEOS(Processor):
-    """``</s>`` as the only choice, with log-probability 0, at the last step (Hugging Face's
-    ``forced_eos_token_id``)."""
+    """``</s>`` as the only choice at the last step: with log-probability 0 (Hugging Face's
+    ``forced_eos_token_id``) or, ``keep_score``, its own (fairseq's last step)."""
 
-    def __init__(self, max_length: int, eos: int):
-        self.max_length, self.eos = max_length, eos
+    def __init__(self, max_length: int, eos: int, keep_score: bool = False):
+        self.max_length, self.eos, self.keep_score = max_length, eos, keep_score
 
     def __call__(self, scores, step, history):
         if step == self.max_length:
-            force_eos(scores, self.eos)
+            if self.keep_score:
+                scores[:, :self.eos] = NEG_INF
+                scores[:, self.eos + 1:] = NEG_INF
+            else:
+                force_eos(scores, self.eos)
 
 
 def force_eos(scores: torch.Tensor, eos: int) -> None:

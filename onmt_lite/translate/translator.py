@@ -61,6 +61,8 @@ class DecodingOptions:
     phrase_table: str = ""  # with replace_unk: lines "source|||target" translate the word
     tgt_file_prefix: bool = False  # the -tgt lines are forced as prefixes, then search goes on
     patience: float = 1.0  # CTranslate2's: a sentence ends with round(beam * patience) finished
+    diverse_groups: int = 1  # fairseq's diverse beam search: groups of hypotheses (1: off)
+    diverse_strength: float = 0.5  # its Hamming diversity penalty
     banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
     renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
 
@@ -95,6 +97,13 @@ class DecodingOptions:
             for name in ("repetition_penalty", "ban_unk_token", "ratio", "tgt_file_prefix"):
                 if getattr(self, name) != getattr(DecodingOptions, name):
                     raise ValueError(f"-{name} needs -beam_engine batch")
+        if self.diverse_groups != 1:
+            if self.search != "fairseq":
+                raise ValueError("-diverse_groups: diverse beam search is fairseq's: give "
+                                 "-search fairseq")
+            if self.diverse_groups < 1 or self.beam_size % self.diverse_groups:
+                raise ValueError(f"-diverse_groups {self.diverse_groups} must divide "
+                                 f"-beam_size {self.beam_size}")
         if self.tgt_file_prefix and self.search not in ("onmt", "ctranslate2"):
             raise ValueError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
         if self.ratio < 0:
