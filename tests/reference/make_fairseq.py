@@ -14,15 +14,11 @@ end, so it blocks nothing; the case that uses it hands the fallback the tokens s
 what the CUDA kernel reads (it indexes the buffer by step).
 
 fairseq is not a dependency, and 0.12.2 needs small fixes to build on Python 3.11 (its config
-dataclasses' mutable defaults, numpy's removed aliases; none in its search code). Run this in a
-side virtualenv, from the repository root:
+dataclasses' defaults, numpy's removed aliases; none in its search code): setup_fairseq.sh,
+beside this file, builds the side virtualenv. From the repository root:
 
-    python3 -m venv ~/fs-peers && ~/fs-peers/bin/pip install torch==2.13.0
-    ~/fs-peers/bin/pip install numpy==1.26.4 cython hydra-core omegaconf regex sacrebleu \
-        bitarray tqdm cffi pyyaml sentencepiece safetensors pyonmttok
-    pip download --no-deps --no-binary :all: fairseq==0.12.2   # then unpack, fix, and:
-    ~/fs-peers/bin/pip install --no-build-isolation --no-deps -e fairseq-0.12.2
-    ~/fs-peers/bin/pip install --no-deps -e . && ~/fs-peers/bin/python tests/reference/make_fairseq.py
+    bash tests/reference/setup_fairseq.sh ~/fs-peers
+    ~/fs-peers/bin/python tests/reference/make_fairseq.py
 """
 import json
 import os
