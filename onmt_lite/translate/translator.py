@@ -25,6 +25,7 @@ from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
 from onmt_lite.translate.translation import Translation
+from onmt_lite.translate.workers import run_in_processes
 from onmt_lite.vocab import unknown_tokens_warning
 
 logger = logging.getLogger("onmt_lite")
@@ -121,6 +122,8 @@ class Translator:
         options: the DecodingOptions; device: where the model lives.
         inter_threads: batches decoded at the same time, each by its own thread with its own
             decoder state (the weights are shared); results do not depend on it.
+        workers: batches decoded at the same time by forked processes (see workers.py), each
+            on ``worker_threads`` torch threads; results do not depend on it.
         transform: splits raw source lines into pieces and joins target pieces back into text
             (see transforms.py); None for whitespace-tokenized text.
     """
@@ -129,7 +132,8 @@ class Translator:
 
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None,
-                 inter_threads: int = 1, transform: Optional[SubwordTransform] = None):
+                 inter_threads: int = 1, transform: Optional[SubwordTransform] = None,
+                 workers: int = 1, worker_threads: int = 1):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
         self.transform = transform  # raw text <-> pieces; None: whitespace-split tokens
         self.opt = options or DecodingOptions()
@@ -137,6 +141,11 @@ class Translator:
         if inter_threads < 1:
             raise ValueError("-inter_threads must be at least 1")
         self.inter_threads = inter_threads
+        if workers < 1:
+            raise ValueError("-workers must be at least 1")
+        if workers > 1 and (inter_threads > 1 or device != "cpu"):
+            raise ValueError("-workers decodes on CPU, without -inter_threads")
+        self.workers, self.worker_threads = workers, worker_threads
         self.device = device
         self.model_max_src_len = model_max_src_len
         self.preset = PRESETS[self.opt.search]
@@ -155,8 +164,9 @@ class Translator:
             topk = self.opt.random_sampling_topk if self.opt.random_sampling_topk > 0 else 0
             self.sampler = Sampler(topk, self.opt.random_sampling_topp,
                                    self.opt.random_sampling_temp, generator)
-            if inter_threads > 1:  # threads would draw from one generator in no fixed order
-                raise ValueError("random sampling needs -inter_threads 1 to be reproducible")
+            if inter_threads > 1 or workers > 1:  # they would draw from generators in turn
+                raise ValueError("random sampling needs -inter_threads 1 and -workers 1 to be "
+                                 "reproducible")
 
     # -- public API -----------------------------------------------------------------------
     def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
@@ -219,7 +229,11 @@ class Translator:
                     bar.update(len(translations))
 
     def _run_batches(self, batches: list) -> Iterator[List[Translation]]:
-        """_translate_batch on each argument tuple, in order, on ``inter_threads`` threads."""
+        """_translate_batch on each argument tuple, in order, on ``inter_threads`` threads or
+        ``workers`` processes."""
+        if self.workers > 1 and len(batches) > 1:
+            yield from run_in_processes(self, batches, self.workers, self.worker_threads)
+            return
         if self.inter_threads == 1:
             yield from (self._translate_batch(*args) for args in batches)
             return
@@ -525,8 +539,10 @@ def build_translator(opt) -> Translator:
         model = EnsembleModel(models, bool(_get(opt, "avg_raw_probs", False)))
     options = DecodingOptions(**values)
     inter_threads = _get(opt, "inter_threads")
+    workers = _get(opt, "workers") or 1
+    threads = _get(opt, "threads") or max(1, torch.get_num_threads() // workers)
     return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
-                      1 if inter_threads is None else inter_threads, transform)
+                      1 if inter_threads is None else inter_threads, transform, workers, threads)
 
 
 def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):

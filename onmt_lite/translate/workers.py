@@ -1,0 +1,43 @@
+"""Worker processes: batches decoded by forked copies of a Translator (``-workers N``).
+
+Forked children share the parent's weights (copy-on-write: the pages are never written) and
+each keeps its own decoder state; with processes instead of threads the interpreter lock no
+longer serialises the Python side of decoding. Batches are cut as in one process and results
+come back in batch order, so the output is the one-process output, byte for byte.
+"""
+import multiprocessing
+import signal
+from typing import Iterable, Iterator, List
+
+import torch
+
+_translator = None  # the Translator the children inherit through fork
+
+
+def _start(threads: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C
+    torch.set_num_threads(threads)
+
+
+def _translate(args):
+    return _translator._translate_batch(*args)
+
+
+def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
+    """A batch's arguments with only its own lines (a dict by line index), so a task does not
+    carry its whole shard to the child."""
+    tgt = None if tgt_tokens is None else {i: tgt_tokens[i] for i in indices}
+    return indices, {i: src_tokens[i] for i in indices}, tgt, offset
+
+
+def run_in_processes(translator, batches: Iterable[tuple], workers: int,
+                     threads: int) -> Iterator[List]:
+    """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes
+    of ``threads`` torch threads each; yields the results in batch order."""
+    global _translator
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ValueError("-workers needs processes started by fork (Linux, macOS)")
+    _translator = translator
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers, initializer=_start, initargs=(threads,)) as pool:
+        yield from pool.imap(_translate, (_only_its_lines(*args) for args in batches))

@@ -1,0 +1,66 @@
+"""-workers: batches decoded by forked processes give the one-process output, byte for byte."""
+import pytest
+import torch
+from conftest import SRC_WORDS, TINY_MODELS, make_model
+
+from onmt_lite.checkpoint import save_checkpoint
+from onmt_lite.cli import translate as translate_cli
+from onmt_lite.models.model import for_inference
+from onmt_lite.translate import DecodingOptions, Translator
+
+
+def _lines(count: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [" ".join(SRC_WORDS[int(i)] for i in torch.randint(0, 6, (int(n),), generator=gen))
+            for n in torch.randint(0, 9, (count,), generator=gen)]  # some lines empty
+
+
+@pytest.mark.parametrize("model_name", ["transformer", "brnn-LSTM-general"])
+def test_workers_give_the_one_process_translations(model_name, src_vocab, tgt_vocab):
+    model = for_inference(make_model(TINY_MODELS[model_name], src_vocab, tgt_vocab, seed=5), "cpu")
+    lines = _lines(37, 11)  # 10 batches of 4: not a multiple of the workers
+    assert "" in lines
+    results = {}
+    for workers in (1, 2, 3):
+        translator = Translator(model, src_vocab, tgt_vocab,
+                                DecodingOptions(beam_size=3, n_best=2), workers=workers)
+        results[workers] = translator.translate(lines, tgt=lines, batch_size=4)
+    for one, *others in zip(results[1], results[2], results[3]):
+        for other in others:
+            assert (one.index, one.preds, one.scores, one.gold_score) == \
+                (other.index, other.preds, other.scores, other.gold_score)
+            assert all(torch.equal(a, b) for a, b in zip(one.attns, other.attns))
+
+
+def test_more_workers_than_batches(src_vocab, tgt_vocab):
+    model = for_inference(make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab), "cpu")
+    lines = _lines(5, 3)
+    one = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=2))
+    four = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=2), workers=4)
+    assert [t.preds for t in one.translate(lines, batch_size=2)] == \
+        [t.preds for t in four.translate(lines, batch_size=2)]
+
+
+def test_workers_refuse_threads_gpus_and_sampling(src_vocab, tgt_vocab):
+    model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab)
+    with pytest.raises(ValueError, match="without -inter_threads"):
+        Translator(model, src_vocab, tgt_vocab, workers=2, inter_threads=2)
+    with pytest.raises(ValueError, match="-inter_threads 1 and -workers 1"):
+        Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=1,
+                   random_sampling_topk=5), workers=2)
+
+
+def test_the_command_line_output_is_the_same_file(checkpoint_path, src_vocab, tgt_vocab,
+                                                  tmp_path):
+    save_checkpoint(checkpoint_path, make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab),
+                    src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+    src = tmp_path / "src.txt"
+    src.write_text("".join(line + "\n" for line in _lines(23, 7)), encoding="utf-8")
+    outputs = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out.{workers}.txt"
+        assert translate_cli.main(["-model", checkpoint_path, "-src", str(src), "-output",
+                                   str(out), "-batch_size", "3", "-workers", workers,
+                                   "-threads", "1"]) == 0
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1] and outputs[0].count(b"\n") == 23
