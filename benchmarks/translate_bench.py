@@ -10,8 +10,10 @@ onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads
 (INTERxINTRA threads). Every configuration runs ``-warmup`` times unmeasured, then ``-runs``
 times, each in its own process. Reported per configuration (median, min, max over runs):
 translation time without interpreter start-up and model load (as each tool reports it),
-whole-process time, sentences/s and target tokens/s (over translation time), peak RSS, and
-BLEU (sacrebleu, -tok none). -growth forces output lengths of 10, 50 and 200 tokens and
+whole-process time, sentences/s and target tokens/s (over translation time), peak RSS (of the
+process and its children: with -workers, the largest of them), BLEU (sacrebleu, -tok none) and
+the share of output lines identical to the first configuration's. -growth forces output
+lengths of 10, 50 and 200 tokens and
 reports tokens/s for each (CTranslate2 too, given -peers).
 Peers come from a separate virtualenv (../shared/peers/setup-peers.sh VENV makes one); they are
 never dependencies of onmt_lite.
@@ -214,7 +216,11 @@ def memory(args, work):
 
 ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engine
     "batch": ["-beam_engine", "batch"], "sentence": ["-beam_engine", "sentence"],
-    "int8": ["-int8"], "bf16": ["-precision", "bf16"]}
+    "int8": ["-int8"], "bf16": ["-precision", "bf16"],
+    # -inter_threads processes instead of threads (the later -inter_threads 1 wins)
+    "workers": ["-workers", "{inter}", "-inter_threads", "1"],
+    "int8-workers": ["-int8", "-workers", "{inter}", "-inter_threads", "1"],
+    "bf16-workers": ["-precision", "bf16", "-workers", "{inter}", "-inter_threads", "1"]}
 
 
 def main(argv=None):
@@ -258,7 +264,8 @@ def main(argv=None):
     configs = []
     for engine in args.engines:
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
-        cmd = onmt_lite_command(args, args.src, out, *ENGINE_OPTIONS[engine])
+        options = [o.format(inter=args.inter_threads) for o in ENGINE_OPTIONS[engine]]
+        cmd = onmt_lite_command(args, args.src, out, *options)
         configs.append((f"onmt_lite {engine}", cmd, out, None))
     if args.peers:
         env = peers_env(args)
@@ -273,15 +280,24 @@ def main(argv=None):
             cmd = ct2_command(args, ct2_dir, args.src, out, compute, threads)
             configs.append((f"CT2 {compute} {threads}", cmd, out, env))
     results = measure(configs, args)
+    with open(configs[0][2], encoding="utf-8") as f:
+        first = f.read().split("\n")
+    for result, (_, _, output, _) in zip(results, configs):
+        with open(output, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        same = sum(a == b for a, b in zip(first, lines)) - 1  # the empty last "line"
+        result["identical_to_first"] = same / (len(first) - 1)
     base = results[0]["translate_s"]["median"]
     print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
-          f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8}")
+          f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8} "
+          f"{'same lines':>10}")
     for r in results:
         t = r["translate_s"]
         r["speedup_vs_first"] = base / t["median"]
         print(f"{r['name']:22} {t['median']:8.2f} ({t['min']:.2f}-{t['max']:.2f})      "
               f"{r['process_s']['median']:10.2f} {r['sents_per_s']:8.1f} {r['tokens_per_s']:8.1f} "
-              f"{r['peak_rss_mib']['median']:8.0f} {r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x")
+              f"{r['peak_rss_mib']['median']:8.0f} {r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x "
+              f"{100 * r['identical_to_first']:9.1f}%")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

@@ -7,6 +7,7 @@ come back in batch order, so the output is the one-process output, byte for byte
 """
 import multiprocessing
 import signal
+from concurrent.futures import ProcessPoolExecutor
 from typing import Iterable, Iterator, List
 
 import torch
@@ -16,6 +17,7 @@ _translator = None  # the Translator the children inherit through fork
 
 def _start(threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and ends it with SIGTERM
     torch.set_num_threads(threads)
 
 
@@ -33,11 +35,14 @@ def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
 def run_in_processes(translator, batches: Iterable[tuple], workers: int,
                      threads: int) -> Iterator[List]:
     """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes
-    of ``threads`` torch threads each; yields the results in batch order."""
+    of ``threads`` torch threads each; yields the results in batch order. A worker that dies
+    ends the run with an error (BrokenProcessPool), never a wait for its batch."""
     global _translator
     if "fork" not in multiprocessing.get_all_start_methods():
         raise ValueError("-workers needs processes started by fork (Linux, macOS)")
     _translator = translator
-    context = multiprocessing.get_context("fork")
-    with context.Pool(workers, initializer=_start, initargs=(threads,)) as pool:
-        yield from pool.imap(_translate, (_only_its_lines(*args) for args in batches))
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _start, (threads,))
+    try:
+        yield from pool.map(_translate, [_only_its_lines(*args) for args in batches])
+    finally:  # a consumer that stops early does not wait for the batches still queued
+        pool.shutdown(cancel_futures=True)
