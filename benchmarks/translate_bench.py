@@ -4,6 +4,7 @@ CTranslate2 on the same checkpoint, side by side in one run.
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF [-peers VENV] [-json F]
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -growth
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -memory_lines 100000
+    python benchmarks/translate_bench.py -table transformer.json rnn.json   # the README's table
 
 onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads each (default
 2 x 1), OpenNMT-py on ``-onmt_threads`` torch threads, CTranslate2 with each ``-ct2`` setting
@@ -223,11 +224,29 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
     "bf16-workers": ["-precision", "bf16", "-workers", "{inter}", "-inter_threads", "1"]}
 
 
+def markdown(paths) -> str:
+    """The README's speed table from -json result files, one per model."""
+    rows = ["| model | configuration (2 cores) | translate s | process s | tokens/s | peak RSS MiB "
+            "| BLEU | lines as exact |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+        model = os.path.splitext(os.path.basename(path))[0]
+        for r in results:
+            t = r["translate_s"]
+            rows.append(f"| {model} | {r['name']} | {t['median']:.2f} ({t['min']:.2f}–{t['max']:.2f}) "
+                        f"| {r['process_s']['median']:.2f} | {r['tokens_per_s']:,.0f} "
+                        f"| {r['peak_rss_mib']['median']:.0f} | {r['bleu']:.2f} "
+                        f"| {100 * r['identical_to_first']:.1f}% |")
+            model = ""
+    return "\n".join(rows)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("-model", required=True)
-    p.add_argument("-src", required=True)
-    p.add_argument("-ref", required=True)
+    p.add_argument("-model")
+    p.add_argument("-src")
+    p.add_argument("-ref")
     p.add_argument("-beam_size", type=int, default=5)
     p.add_argument("-batch_size", type=int, default=32)
     p.add_argument("-threads", type=int, default=1, help="onmt_lite: intra-op threads")
@@ -249,7 +268,14 @@ def main(argv=None):
     p.add_argument("-memory_lines", type=int, default=0,
                    help="instead: peak RSS on -memory_base lines and on this many")
     p.add_argument("-memory_base", type=int, default=1000)
+    p.add_argument("-table", nargs="+", metavar="JSON",
+                   help="instead: print the README's markdown table from these -json files")
     args = p.parse_args(argv)
+    if args.table:
+        print(markdown(args.table))
+        return
+    if not (args.model and args.src and args.ref):
+        p.error("-model, -src and -ref are required (but with -table)")
     if not all(re.fullmatch(r"\d+x\d+", setting) for setting in args.ct2):
         p.error("-ct2 settings are INTERxINTRA thread counts, e.g. 2x1")
     work = tempfile.mkdtemp(prefix="bench-")
