@@ -14,6 +14,7 @@ from onmt_lite.cli.options import Parser, add, integer, number, parse_with_confi
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
+from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.attention_plot import plot_attention, plot_path, prepare_folder
 from onmt_lite.translate.translator import build_translator
@@ -174,12 +175,15 @@ def run(args) -> None:
     elif args.inter_threads > 1:
         torch.set_num_threads(max(1, torch.get_num_threads() // args.inter_threads))
     translator = build_translator(vars(args))
+    writes = translator.rank == 0  # under torchrun, rank 0 writes and logs (distributed.py)
     start = time.time()
     pred_total = gold_total = 0.0
     count = words = 0
-    dump_file = OutputFile(args.attn_dump) if args.attn_dump else contextlib.nullcontext()
+    dump_file = OutputFile(args.attn_dump) if args.attn_dump and writes else \
+        contextlib.nullcontext()
+    out_file = OutputFile(args.output) if writes else contextlib.nullcontext()
     # log lines go above the progress bar, not onto its line
-    with OutputFile(args.output) as out, dump_file as dump, logging_redirect_tqdm():
+    with out_file as out, dump_file as dump, logging_redirect_tqdm():
         for trans in translator.translate_iter(args.src, args.tgt, args.batch_size,
                                                _shows_progress(args), args.batch_type,
                                                args.shard_size):
@@ -201,6 +205,8 @@ def run(args) -> None:
                 plot_attention(trans.src, pred, trans.attns[0].tolist(),
                                plot_path(args.attn_plot, trans.index))
     elapsed = time.time() - start
+    if not writes:
+        return
     logger.info(_summary("PRED", pred_total, count))
     if args.tgt and not args.tgt_file_prefix:  # as OpenNMT-py: the references are prefixes
         logger.info(_summary("GOLD", gold_total, count))
@@ -217,14 +223,15 @@ def main(argv=None) -> int:
         parser.error("-model and -src are required (on the command line or in -config)")
     if args.progress and args.no_progress:
         parser.error("-progress and -no_progress exclude each other")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    rank = distributed.world()[0]  # under torchrun, rank 0 logs and writes
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.ERROR, stream=sys.stderr,
                         format="[%(asctime)s %(levelname)s] %(message)s")
     try:
         with stop_on_signals():
             for path in (args.output, args.attn_dump):  # before the model loads
-                if path:
+                if path and rank == 0:
                     check_output(path)
-            if args.attn_plot:
+            if args.attn_plot and rank == 0:
                 prepare_folder(args.attn_plot)
             run(args)
     except Stopped as stop:

@@ -24,6 +24,7 @@ from onmt_lite.search.loop import beam_search
 from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
+from onmt_lite.translate.distributed import block, gather, join, local_rank, world
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.workers import run_in_processes
 from onmt_lite.vocab import unknown_tokens_warning
@@ -146,6 +147,9 @@ class Translator:
         if workers > 1 and (inter_threads > 1 or device != "cpu"):
             raise ValueError("-workers decodes on CPU, without -inter_threads")
         self.workers, self.worker_threads = workers, worker_threads
+        self.rank, self.world_size = world()  # under torchrun: this worker's share (see
+        if self.world_size > 1:  # distributed.py); rank 0 yields every translation
+            join(device != "cpu")
         self.device = device
         self.model_max_src_len = model_max_src_len
         self.preset = PRESETS[self.opt.search]
@@ -208,7 +212,8 @@ class Translator:
         if shard_size < 0:
             raise ValueError("-shard_size must be 0 (no shards) or more")
         number, warned = 0, False
-        with tqdm(disable=not progress, desc="translate", unit="sent", leave=False) as bar:
+        with tqdm(disable=not progress or self.rank > 0, desc="translate", unit="sent",
+                  leave=False) as bar:
             for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
                 src_tokens = [self._source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
@@ -224,7 +229,13 @@ class Translator:
                     if only is None or number in only:
                         batches.append((indices, src_tokens, tgt_tokens, offset))
                     number += 1
-                for translations in self._run_batches(batches):
+                if self.world_size > 1:  # torchrun: this rank's block, then rank 0 has all
+                    mine = block(len(batches), self.rank, self.world_size)
+                    decoded = list(self._run_batches([batches[i] for i in mine]))
+                    decoded = gather(decoded, self.rank, self.world_size) or []
+                else:
+                    decoded = self._run_batches(batches)
+                for translations in decoded:
                     yield translations
                     bar.update(len(translations))
 
@@ -477,9 +488,12 @@ def _get(opt, name, default=None):
 
 
 def _device(gpu: Optional[int]) -> str:
-    """"cpu" for gpu -1 (or None), else "cuda:N"; refuses a GPU this machine does not have."""
+    """"cpu" for gpu -1 (or None), else "cuda:N" (under torchrun N is the local rank); refuses
+    a GPU this machine does not have."""
     if gpu is None or gpu < 0:
         return "cpu"
+    if world()[1] > 1:  # torchrun: each worker on its local rank's GPU
+        gpu = local_rank()
     if not torch.cuda.is_available():
         why = ("this torch build has no CUDA support" if torch.version.cuda is None
                else "no CUDA device is visible")
