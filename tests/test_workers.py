@@ -22,8 +22,9 @@ def test_workers_give_the_one_process_translations(model_name, src_vocab, tgt_vo
     assert "" in lines
     results = {}
     for workers in (1, 2, 3):
-        translator = Translator(model, src_vocab, tgt_vocab,
-                                DecodingOptions(beam_size=3, n_best=2), workers=workers)
+        translator = Translator(model, src_vocab, tgt_vocab,  # the same threads as here
+                                DecodingOptions(beam_size=3, n_best=2), workers=workers,
+                                worker_threads=torch.get_num_threads())
         results[workers] = translator.translate(lines, tgt=lines, batch_size=4)
     for one, *others in zip(results[1], results[2], results[3]):
         for other in others:

@@ -1,6 +1,8 @@
 """translate.py: translate a file with an onmt_lite or OpenNMT-py checkpoint."""
 import argparse
 import contextlib
+import itertools
+import json
 import logging
 import math
 import sys
@@ -13,6 +15,7 @@ from onmt_lite.checkpoint import CheckpointError
 from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
+from onmt_lite.journal import Journal, JournalError
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
 from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
@@ -40,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sentences (or tokens) per batch")
     add(g, "batch_type", default="sents", choices=["sents", "tokens"],
         help="what -batch_size counts: sentences, or padded source tokens")
+    add(g, "resume", action="store_true",
+        help="keep a journal of the decoded batches beside -output (OUTPUT.journal), and "
+             "continue from it: a run stopped at any point resumes where it stopped")
     add(g, "shard_size", type=integer(0), default=10000,
         help="lines read, sorted and batched at a time (0: the whole input)")
     add(g, "src_seq_length_trunc", type=integer(0), default=0,
@@ -169,6 +175,11 @@ def _shows_progress(args) -> bool:
     return not args.no_progress and (args.progress or sys.stderr.isatty())
 
 
+# options that do not change the output: a resumed run may change them
+RESUMABLE_CHANGES = {"src", "tgt", "output", "resume", "progress", "no_progress", "report_time",
+                     "threads", "inter_threads", "workers", "config", "gpu", "given_options"}
+
+
 def run(args) -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -177,6 +188,15 @@ def run(args) -> None:
     translator = build_translator(vars(args))
     writes = translator.rank == 0  # under torchrun, rank 0 writes and logs (distributed.py)
     start = time.time()
+    if args.resume:
+        totals = _run_journaled(args, translator, writes)
+    else:
+        totals = _run_plain(args, translator, writes)
+    if writes:
+        _report(args, *totals, time.time() - start)
+
+
+def _run_plain(args, translator, writes: bool):
     pred_total = gold_total = 0.0
     count = words = 0
     dump_file = OutputFile(args.attn_dump) if args.attn_dump and writes else \
@@ -204,9 +224,59 @@ def run(args) -> None:
             if args.attn_plot:
                 plot_attention(trans.src, pred, trans.attns[0].tolist(),
                                plot_path(args.attn_plot, trans.index))
-    elapsed = time.time() - start
-    if not writes:
-        return
+    return pred_total, gold_total, count, words
+
+
+def _run_journaled(args, translator, writes: bool):
+    """-resume: batches already in the journal are not decoded again; each new one is
+    journaled as it comes; the output is written in input order from both (journal.py)."""
+    for name in ("attn_dump", "attn_plot", "attn_debug", "verbose"):
+        if getattr(args, name):
+            raise ValueError(f"-resume: -{name} is not kept in the journal; run without -resume")
+    if args.output == "-":
+        raise ValueError("-resume keeps its journal beside -output: give a file, not -")
+    options = {k: v for k, v in vars(args).items() if k not in RESUMABLE_CHANGES}
+    options = json.loads(json.dumps(options))
+    if translator.world_size > 1 and not writes:  # torchrun: rank 0 makes the journal first
+        torch.distributed.barrier()
+    journal = Journal(args.output, args.src, args.tgt, options, writes)
+    if translator.world_size > 1 and writes:
+        torch.distributed.barrier()
+    if journal.done and writes:
+        logger.info("%s: %d batches (%d lines) done before, not decoded again", journal.path,
+                    len(journal.done), len(journal.records))
+    pending, next_out = dict(journal.records), 0
+    pred_total = gold_total = 0.0
+    count = words = 0
+    out_file = OutputFile(args.output) if writes else contextlib.nullcontext()
+    with out_file as out, logging_redirect_tqdm():
+        batches = translator.numbered_batches(
+            args.src, args.tgt, args.batch_size, _shows_progress(args),
+            batch_type=args.batch_type, shard_size=args.shard_size, skip=frozenset(journal.done))
+        for number, translations in itertools.chain(batches, [(None, [])]):
+            if number is not None:
+                records = [_record(t, args.with_score) for t in translations]
+                journal.add(number, records)
+                pending.update((r["index"], r) for r in records)
+            while next_out in pending:
+                record = pending.pop(next_out)
+                next_out += 1
+                out.write("".join(line + "\n" for line in record["lines"]))
+                count, pred_total, words = count + 1, pred_total + record["score"], \
+                    words + record["words"]
+                gold_total += record["gold"] or 0.0
+    if writes and pending:
+        raise RuntimeError(f"{journal.path}: lines {sorted(pending)[:3]}... came after a gap")
+    journal.remove()  # the output is in place
+    return pred_total, gold_total, count, words
+
+
+def _record(trans, with_score: bool) -> dict:
+    return {"index": trans.index, "lines": trans.output_lines(with_score),
+            "score": trans.scores[0], "words": len(trans.preds[0]), "gold": trans.gold_score}
+
+
+def _report(args, pred_total, gold_total, count, words, elapsed) -> None:
     logger.info(_summary("PRED", pred_total, count))
     if args.tgt and not args.tgt_file_prefix:  # as OpenNMT-py: the references are prefixes
         logger.info(_summary("GOLD", gold_total, count))
@@ -236,9 +306,11 @@ def main(argv=None) -> int:
             run(args)
     except Stopped as stop:
         kept = f"; {args.output} is left as it was" if is_atomic(args.output) else ""
+        if args.resume and args.output != "-":
+            kept += f"; -resume goes on from {args.output}.journal"
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
-    except (CheckpointError, InputError, OutputError, ValueError) as err:
+    except (CheckpointError, InputError, JournalError, OutputError, ValueError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -5,7 +5,7 @@ import logging
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from tqdm import tqdm
@@ -196,7 +196,16 @@ class Translator:
     def translate_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
                           only: Optional[set] = None, batch_type: str = "sents",
                           shard_size: int = 10000) -> Iterator[List[Translation]]:
-        """Translations batch by batch, in decoding order.
+        """Translations batch by batch, in decoding order (see numbered_batches)."""
+        for _, translations in self.numbered_batches(src, tgt, batch_size, progress, only,
+                                                     batch_type, shard_size):
+            yield translations
+
+    def numbered_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
+                         only: Optional[set] = None, batch_type: str = "sents",
+                         shard_size: int = 10000, skip: frozenset = frozenset()
+                         ) -> Iterator[Tuple[int, List[Translation]]]:
+        """(batch number, its translations), batch by batch, in decoding order.
 
         Input is read as it goes, ``shard_size`` lines at a time (0: all at once); each shard's
         lines are sorted by length and cut into batches, so memory stays bounded on any input.
@@ -204,6 +213,7 @@ class Translator:
         Args:
             only: numbers of the batches to decode (default all): a subset decodes exactly as
                 it would within the whole input.
+            skip: numbers of batches not to decode (done before, see journal.py).
         """
         if batch_type not in ("sents", "tokens"):
             raise ValueError("-batch_type must be sents or tokens")
@@ -224,10 +234,11 @@ class Translator:
                 tgt_tokens = None if tgt is None else [
                     self.transform.encode(line, "tgt") if self.transform else line.split()
                     for line in tgt_lines]
-                batches = []
+                batches, numbers = [], []
                 for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
-                    if only is None or number in only:
+                    if (only is None or number in only) and number not in skip:
                         batches.append((indices, src_tokens, tgt_tokens, offset))
+                        numbers.append(number)
                     number += 1
                 if self.world_size > 1:  # torchrun: this rank's block, then rank 0 has all
                     mine = block(len(batches), self.rank, self.world_size)
@@ -235,8 +246,8 @@ class Translator:
                     decoded = gather(decoded, self.rank, self.world_size) or []
                 else:
                     decoded = self._run_batches(batches)
-                for translations in decoded:
-                    yield translations
+                for batch_number, translations in zip(numbers, decoded):
+                    yield batch_number, translations
                     bar.update(len(translations))
 
     def _run_batches(self, batches: list) -> Iterator[List[Translation]]:

@@ -1,0 +1,97 @@
+"""The journal of a resumable run (``-resume``): what is done, kept next to the output.
+
+Its first line says what the run translates: the source's (and references') SHA-256 and the
+options that decide the output. Each further line is one decoded batch (its number and, per
+input line, the output lines and the figures of the summary), appended and flushed to disk as
+a whole, so a run killed at any point leaves whole batches and at most one torn last line,
+which is ignored. A run with ``-resume`` reads the journal, refuses it by name if the source or
+an option changed, and decodes only the batches it lacks; the finished output replaces the
+journal.
+"""
+import hashlib
+import json
+import os
+from typing import Dict, List, Optional
+
+FORMAT = 1
+
+
+class JournalError(ValueError):
+    """A journal that does not belong to this run."""
+
+
+def file_digest(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Journal:
+    """``done``: batch number -> its records; ``records``: input line index -> its record,
+    ``{"index", "lines", "score", "words", "gold"}``."""
+
+    def __init__(self, output: str, source: str, target: Optional[str], options: dict,
+                 write: bool = True):
+        self.path = output + ".journal"
+        self.header = {"format": FORMAT, "source": file_digest(source),
+                       "target": file_digest(target), "options": options}
+        self.done: Dict[int, List[dict]] = {}
+        self.records: Dict[int, dict] = {}
+        self.write = write  # under torchrun only rank 0 writes; every rank reads
+        if os.path.exists(self.path):
+            self._read()
+        elif write:  # whole or not at all: written aside, then renamed
+            with open(self.path + ".new", "w", encoding="utf-8") as f:
+                f.write(json.dumps(self.header) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(self.path + ".new", self.path)
+
+    def _read(self) -> None:
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        try:
+            header = json.loads(lines[0])
+        except json.JSONDecodeError:
+            raise JournalError(f"{self.path}: not a journal of onmt_lite (remove it to start "
+                               "afresh)") from None
+        self._check(header)
+        for line in lines[1:]:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # the torn last line of a killed run
+                break
+            self.done[entry["batch"]] = entry["translations"]
+            self.records.update((r["index"], r) for r in entry["translations"])
+
+    def _check(self, header: dict) -> None:
+        fresh = " (remove it to start afresh)"
+        if header.get("format") != FORMAT:
+            raise JournalError(f"{self.path}: written by another version of onmt_lite{fresh}")
+        for key, name in (("source", "-src"), ("target", "-tgt")):
+            if header.get(key) != self.header[key]:
+                raise JournalError(f"{self.path}: written for another {name} file (its content "
+                                   f"differs){fresh}")
+        then, now = header.get("options", {}), self.header["options"]
+        changed = [f"-{k} {then.get(k)!r} then, {now.get(k)!r} now"
+                   for k in sorted(set(then) | set(now)) if then.get(k) != now.get(k)]
+        if changed:
+            raise JournalError(f"{self.path}: written with other options: {'; '.join(changed)}"
+                               f"{fresh}")
+
+    def add(self, number: int, records: List[dict]) -> None:
+        """Records a decoded batch; on disk before this returns."""
+        self.done[number] = records
+        if self.write:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"batch": number, "translations": records}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def remove(self) -> None:
+        if self.write and os.path.exists(self.path):
+            os.remove(self.path)
