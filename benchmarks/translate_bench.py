@@ -12,9 +12,9 @@ onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads
 times, each in its own process. Reported per configuration (median, min, max over runs):
 translation time without interpreter start-up and model load (as each tool reports it),
 whole-process time, sentences/s and target tokens/s (over translation time), peak RSS (of the
-process and its children: with -workers, the largest of them), BLEU (sacrebleu, -tok none) and
-the share of output lines identical to the first configuration's. -growth forces output
-lengths of 10, 50 and 200 tokens and
+largest process; RSS and PSS summed over the process and its children, sampled), BLEU
+(sacrebleu, -tok none) and the share of output lines identical to the first configuration's.
+-growth forces output lengths of 10, 50 and 200 tokens and
 reports tokens/s for each (CTranslate2 too, given -peers).
 Peers come from a separate virtualenv (../shared/peers/setup-peers.sh VENV makes one); they are
 never dependencies of onmt_lite.
@@ -94,21 +94,55 @@ def summarize(name, runs, output, args):
 
     t = stats("translate_s")
     return {"name": name, "translate_s": t, "process_s": stats("process_s"),
-            "peak_rss_mib": stats("peak_rss_mib"),
+            "peak_rss_mib": stats("peak_rss_mib"), "peak_rss_sum_mib": stats("peak_rss_sum_mib"),
+            "peak_pss_sum_mib": stats("peak_pss_sum_mib"),
             "sents_per_s": len(hyps) / t["median"], "tokens_per_s": tokens / t["median"],
             "bleu": round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", force=True).score, 2)}
 
 
+def tree_memory_mib(pid: int):
+    """Resident memory of a process and all its descendants, summed (MiB; Linux /proc): RSS
+    (pages shared by forked workers counted in each) and PSS (shared pages divided among their
+    sharers: the memory the run really takes)."""
+    rss = pss = 0
+    todo = [pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return rss / 1024.0, pss / 1024.0
+
+
 def child(cmd):
-    """Runs cmd and prints one JSON line: its log, wall time and peak RSS (MiB)."""
+    """Runs cmd and prints one JSON line: its log, wall time, peak RSS (MiB) of the largest
+    process, and the peak of the RSS summed over the process and its children (sampled)."""
     start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    wall = time.time() - start
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=os.environ.copy())
+        summed = shared = 0.0
+        while proc.poll() is None:
+            rss, pss = tree_memory_mib(proc.pid)
+            summed, shared = max(summed, rss), max(shared, pss)
+            time.sleep(0.05)
+        wall = time.time() - start
+        out.seek(0)
+        err.seek(0)
+        log = out.read() + err.read()
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
     if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-3000:])
+        sys.stderr.write(log[-3000:])
         sys.exit(proc.returncode)
-    print(json.dumps({"log": proc.stdout + proc.stderr, "wall": wall, "rss": rss}))
+    print(json.dumps({"log": log, "wall": wall, "rss": rss, "rss_sum": summed, "pss_sum": shared}))
 
 
 def onmt_lite_command(args, src: str, out: str, *options: str) -> list:
@@ -156,7 +190,9 @@ def run_once(cmd, env=None, name: str = "") -> dict:
     child_result = json.loads(proc.stdout.strip().splitlines()[-1])
     match = re.search(r"Total translation time \(s\): ([\d.]+)", child_result["log"])
     return {"translate_s": float(match.group(1)) if match else child_result["wall"],
-            "process_s": child_result["wall"], "peak_rss_mib": child_result["rss"]}
+            "process_s": child_result["wall"], "peak_rss_mib": child_result["rss"],
+            "peak_rss_sum_mib": child_result["rss_sum"],
+            "peak_pss_sum_mib": child_result["pss_sum"]}
 
 
 def growth(args, work):
@@ -207,11 +243,13 @@ def memory(args, work):
                 f.write(lines[i % len(lines)] + "\n")
         out = os.path.join(work, f"memory.{n}.txt")
         run = run_once(onmt_lite_command(args, src, out))
-        seconds, rss = run["translate_s"], run["peak_rss_mib"]
+        seconds, rss, summed = run["translate_s"], run["peak_rss_mib"], run["peak_rss_sum_mib"]
         with open(out, encoding="utf-8") as f:
             assert sum(1 for _ in f) == n
-        rows.append({"lines": n, "translate_s": seconds, "peak_rss_mib": rss})
-        print(f"{n:>8} lines: {seconds:8.1f} s, peak RSS {rss:6.0f} MiB")
+        rows.append({"lines": n, "translate_s": seconds, "peak_rss_mib": rss,
+                     "peak_rss_sum_mib": summed, "peak_pss_sum_mib": run["peak_pss_sum_mib"]})
+        print(f"{n:>8} lines: {seconds:8.1f} s, peak RSS {rss:6.0f} MiB (all processes: RSS "
+              f"{summed:6.0f} MiB, PSS {run['peak_pss_sum_mib']:6.0f} MiB)")
     return rows
 
 
@@ -220,6 +258,7 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
     "int8": ["-int8"], "bf16": ["-precision", "bf16"],
     # -inter_threads processes instead of threads (the later -inter_threads 1 wins)
     "workers": ["-workers", "{inter}", "-inter_threads", "1"],
+    "one-process": ["-inter_threads", "1", "-threads", "{inter}"],  # one batch on all threads
     "int8-workers": ["-int8", "-workers", "{inter}", "-inter_threads", "1"],
     "bf16-workers": ["-precision", "bf16", "-workers", "{inter}", "-inter_threads", "1"]}
 
@@ -315,14 +354,16 @@ def main(argv=None):
         result["identical_to_first"] = same / (len(first) - 1)
     base = results[0]["translate_s"]["median"]
     print(f"{'configuration':22} {'translate s (min-max)':>24} {'process s':>10} "
-          f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'BLEU':>6} {'vs first':>8} "
-          f"{'same lines':>10}")
+          f"{'sent/s':>8} {'tok/s':>8} {'RSS MiB':>8} {'RSS sum':>8} {'PSS sum':>8} {'BLEU':>6} "
+          f"{'vs first':>8} {'same lines':>10}")
     for r in results:
         t = r["translate_s"]
         r["speedup_vs_first"] = base / t["median"]
         print(f"{r['name']:22} {t['median']:8.2f} ({t['min']:.2f}-{t['max']:.2f})      "
               f"{r['process_s']['median']:10.2f} {r['sents_per_s']:8.1f} {r['tokens_per_s']:8.1f} "
-              f"{r['peak_rss_mib']['median']:8.0f} {r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x "
+              f"{r['peak_rss_mib']['median']:8.0f} {r['peak_rss_sum_mib']['median']:8.0f} "
+              f"{r['peak_pss_sum_mib']['median']:8.0f} "
+              f"{r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x "
               f"{100 * r['identical_to_first']:9.1f}%")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -97,3 +97,12 @@ def test_read_parallel_line_count_mismatch_names_both_files_and_counts(tmp_path)
 def test_lines_of_accepts_a_list_or_a_path(tmp_path):
     assert list(lines_of(["a", "b"])) == ["a", "b"]
     assert list(lines_of(write(tmp_path / "x.txt", b"a\n"))) == ["a"]
+
+
+def test_the_progress_bar_knows_the_line_count_up_front(tmp_path):
+    from onmt_lite.translate.translator import _line_count
+    for text, lines in (("", 0), ("a\n", 1), ("a\nb", 2), ("a\n\n\nb\n", 4)):
+        path = tmp_path / "f.txt"
+        path.write_text(text, encoding="utf-8")
+        assert _line_count(str(path)) == lines
+    assert _line_count(["x", "y"]) == 2 and _line_count("-") is None

@@ -222,8 +222,9 @@ class Translator:
         if shard_size < 0:
             raise ValueError("-shard_size must be 0 (no shards) or more")
         number, warned = 0, False
-        with tqdm(disable=not progress or self.rank > 0, desc="translate", unit="sent",
-                  leave=False) as bar:
+        show = progress and self.rank == 0
+        with tqdm(disable=not show, total=_line_count(src) if show else None,
+                  desc="translate", unit="sent", leave=False) as bar:
             for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
                 src_tokens = [self._source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
@@ -468,6 +469,23 @@ def read_phrase_table(path: str) -> List[str]:
             raise InputError(f"{path}: line {number}: expected 'source|||target', got "
                              f"{line[:40]!r}")
     return lines
+
+
+def _line_count(src) -> Optional[int]:
+    """The progress bar's total: the lines of a file (read once, fast) or of a list; None for
+    standard input."""
+    if not isinstance(src, str):
+        return len(src) if hasattr(src, "__len__") else None
+    if src == "-":
+        return None
+    with open(src, "rb") as f:
+        data = f.read(1 << 20)
+        count, last = 0, b"\n"
+        while data:
+            count += data.count(b"\n")
+            last = data[-1:]
+            data = f.read(1 << 20)
+    return count + (last != b"\n")
 
 
 def _shards(src, tgt, shard_size: int):
