@@ -6,7 +6,7 @@ from conftest import SRC_WORDS, TINY_MODELS, make_model
 from onmt_lite.checkpoint import save_checkpoint
 from onmt_lite.cli import translate as translate_cli
 from onmt_lite.models.model import for_inference
-from onmt_lite.translate import DecodingOptions, Translator
+from onmt_lite.translate import DecodingOptions, Translator, build_translator
 
 
 def _lines(count: int, seed: int):
@@ -20,12 +20,15 @@ def test_workers_give_the_one_process_translations(model_name, src_vocab, tgt_vo
     model = for_inference(make_model(TINY_MODELS[model_name], src_vocab, tgt_vocab, seed=5), "cpu")
     lines = _lines(37, 11)  # 10 batches of 4: not a multiple of the workers
     assert "" in lines
-    results = {}
-    for workers in (1, 2, 3):
-        translator = Translator(model, src_vocab, tgt_vocab,  # the same threads as here
-                                DecodingOptions(beam_size=3, n_best=2), workers=workers,
-                                worker_threads=torch.get_num_threads())
-        results[workers] = translator.translate(lines, tgt=lines, batch_size=4)
+    results, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' one thread each, here too
+    try:
+        for workers in (1, 2, 3):
+            translator = Translator(model, src_vocab, tgt_vocab,
+                                    DecodingOptions(beam_size=3, n_best=2), workers=workers)
+            results[workers] = translator.translate(lines, tgt=lines, batch_size=4)
+    finally:
+        torch.set_num_threads(threads)
     for one, *others in zip(results[1], results[2], results[3]):
         for other in others:
             assert (one.index, one.preds, one.scores, one.gold_score) == \
@@ -42,13 +45,17 @@ def test_more_workers_than_batches(src_vocab, tgt_vocab):
         [t.preds for t in four.translate(lines, batch_size=2)]
 
 
-def test_workers_refuse_threads_gpus_and_sampling(src_vocab, tgt_vocab):
+def test_workers_refuse_threads_gpus_and_sampling(src_vocab, tgt_vocab, tmp_path):
     model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab)
     with pytest.raises(ValueError, match="without -inter_threads"):
         Translator(model, src_vocab, tgt_vocab, workers=2, inter_threads=2)
     with pytest.raises(ValueError, match="-inter_threads 1 and -workers 1"):
         Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=1,
                    random_sampling_topk=5), workers=2)
+    path = str(tmp_path / "model.pt")
+    save_checkpoint(path, model, src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+    with pytest.raises(ValueError, match="one torch thread per process: give -threads 1"):
+        build_translator({"model": path, "workers": 2, "threads": 2})
 
 
 def test_the_command_line_output_is_the_same_file(checkpoint_path, src_vocab, tgt_vocab,

@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "threads", type=integer(0), default=0,
         help="torch intra-op threads (0: torch's default, shared among -inter_threads)")
     add(g, "workers", type=integer(1), default=1,
-        help="batches decoded at the same time by this many processes (CPU), sharing the "
-             "model's weights; each runs -threads torch threads (default: the cores shared out)")
+        help="batches decoded at the same time by this many processes (CPU) of one torch "
+             "thread each, sharing the model's weights")
     add(g, "inter_threads", type=integer(1), default=1,
         help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")

@@ -123,8 +123,8 @@ class Translator:
         options: the DecodingOptions; device: where the model lives.
         inter_threads: batches decoded at the same time, each by its own thread with its own
             decoder state (the weights are shared); results do not depend on it.
-        workers: batches decoded at the same time by forked processes (see workers.py), each
-            on ``worker_threads`` torch threads; results do not depend on it.
+        workers: batches decoded at the same time by forked processes of one torch thread each
+            (see workers.py); results are those of one process on one thread.
         transform: splits raw source lines into pieces and joins target pieces back into text
             (see transforms.py); None for whitespace-tokenized text.
     """
@@ -134,7 +134,7 @@ class Translator:
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None,
                  inter_threads: int = 1, transform: Optional[SubwordTransform] = None,
-                 workers: int = 1, worker_threads: int = 1):
+                 workers: int = 1):
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
         self.transform = transform  # raw text <-> pieces; None: whitespace-split tokens
         self.opt = options or DecodingOptions()
@@ -146,7 +146,7 @@ class Translator:
             raise ValueError("-workers must be at least 1")
         if workers > 1 and (inter_threads > 1 or device != "cpu"):
             raise ValueError("-workers decodes on CPU, without -inter_threads")
-        self.workers, self.worker_threads = workers, worker_threads
+        self.workers = workers
         self.rank, self.world_size = world()  # under torchrun: this worker's share (see
         if self.world_size > 1:  # distributed.py); rank 0 yields every translation
             join(device != "cpu")
@@ -254,8 +254,8 @@ class Translator:
     def _run_batches(self, batches: list) -> Iterator[List[Translation]]:
         """_translate_batch on each argument tuple, in order, on ``inter_threads`` threads or
         ``workers`` processes."""
-        if self.workers > 1 and len(batches) > 1:
-            yield from run_in_processes(self, batches, self.workers, self.worker_threads)
+        if self.workers > 1 and batches:
+            yield from run_in_processes(self, batches, self.workers)
             return
         if self.inter_threads == 1:
             yield from (self._translate_batch(*args) for args in batches)
@@ -583,9 +583,10 @@ def build_translator(opt) -> Translator:
     options = DecodingOptions(**values)
     inter_threads = _get(opt, "inter_threads")
     workers = _get(opt, "workers") or 1
-    threads = _get(opt, "threads") or max(1, torch.get_num_threads() // workers)
+    if workers > 1 and (_get(opt, "threads") or 1) != 1:
+        raise ValueError("-workers runs one torch thread per process: give -threads 1 (or 0)")
     return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
-                      1 if inter_threads is None else inter_threads, transform, workers, threads)
+                      1 if inter_threads is None else inter_threads, transform, workers)
 
 
 def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):

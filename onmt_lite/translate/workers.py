@@ -2,8 +2,10 @@
 
 Forked children share the parent's weights (copy-on-write: the pages are never written) and
 each keeps its own decoder state; with processes instead of threads the interpreter lock no
-longer serialises the Python side of decoding. Batches are cut as in one process and results
-come back in batch order, so the output is the one-process output, byte for byte.
+longer serialises the Python side of decoding. Each runs one torch thread: a child of a process
+that ran OpenMP's thread pool would hang in its own (GNU OpenMP is not fork-safe), and the
+processes are the parallelism. Batches are cut as in one process and results come back in
+batch order, so the output is the one-process, one-thread output, byte for byte.
 """
 import multiprocessing
 import signal
@@ -15,10 +17,10 @@ import torch
 _translator = None  # the Translator the children inherit through fork
 
 
-def _start(threads: int) -> None:
+def _start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and ends it with SIGTERM
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
 
 
 def _translate(args):
@@ -32,16 +34,15 @@ def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
     return indices, {i: src_tokens[i] for i in indices}, tgt, offset
 
 
-def run_in_processes(translator, batches: Iterable[tuple], workers: int,
-                     threads: int) -> Iterator[List]:
-    """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes
-    of ``threads`` torch threads each; yields the results in batch order. A worker that dies
-    ends the run with an error (BrokenProcessPool), never a wait for its batch."""
+def run_in_processes(translator, batches: Iterable[tuple], workers: int) -> Iterator[List]:
+    """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes;
+    yields the results in batch order. A worker that dies ends the run with an error
+    (BrokenProcessPool), never a wait for its batch."""
     global _translator
     if "fork" not in multiprocessing.get_all_start_methods():
         raise ValueError("-workers needs processes started by fork (Linux, macOS)")
     _translator = translator
-    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _start, (threads,))
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _start)
     try:
         yield from pool.map(_translate, [_only_its_lines(*args) for args in batches])
     finally:  # a consumer that stops early does not wait for the batches still queued
