@@ -6,6 +6,7 @@ import pytest
 import torch
 import yaml
 
+from onmt_lite.checkpoint import save_checkpoint
 from onmt_lite.constants import SPECIALS
 from onmt_lite.models import build_model
 from onmt_lite.train.trainer import train
@@ -46,6 +47,14 @@ def make_model(opt: dict, src_vocab: Vocab, tgt_vocab: Vocab, seed: int = 0):
     torch.manual_seed(seed)
     model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad, tgt_vocab.pad)
     return model.eval()
+
+
+def tiny_checkpoint(path, seed: int = 0) -> str:
+    """Saves the tiny seeded Transformer, with the tiny vocabularies, as a checkpoint file."""
+    src_vocab, tgt_vocab = Vocab(list(SPECIALS) + SRC_WORDS), Vocab(list(SPECIALS) + TGT_WORDS)
+    save_checkpoint(str(path), make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, seed),
+                    src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    return str(path)
 
 
 @pytest.fixture

@@ -4,12 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, SRC_WORDS, TGT_WORDS, TINY_MODELS, make_model
+from conftest import ROOT, SRC_WORDS, tiny_checkpoint
 
-from onmt_lite.checkpoint import save_checkpoint
-from onmt_lite.constants import SPECIALS
 from onmt_lite.translate.distributed import block
-from onmt_lite.vocab import Vocab
 
 
 def test_blocks_are_contiguous_and_cover_every_batch():
@@ -22,10 +19,7 @@ def test_blocks_are_contiguous_and_cover_every_batch():
 @pytest.fixture(scope="module")
 def model_and_source(tmp_path_factory):
     folder = tmp_path_factory.mktemp("distributed")
-    model = str(folder / "model.pt")
-    src_vocab, tgt_vocab = Vocab(list(SPECIALS) + SRC_WORDS), Vocab(list(SPECIALS) + TGT_WORDS)
-    save_checkpoint(model, make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=3),
-                    src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+    model = tiny_checkpoint(folder / "model.pt", seed=3)
     lines = [" ".join(SRC_WORDS[(i * 7 + j) % 6] for j in range(i % 9)) for i in range(25)]
     assert "" in lines  # empty lines, and 25 lines: 9 batches of 3, not divisible by 2 or 3
     src = folder / "src.txt"

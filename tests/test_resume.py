@@ -7,21 +7,15 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, SRC_WORDS, TGT_WORDS, TINY_MODELS, make_model
+from conftest import ROOT, SRC_WORDS, tiny_checkpoint
 
-from onmt_lite.checkpoint import save_checkpoint
 from onmt_lite.cli import translate as translate_cli
-from onmt_lite.constants import SPECIALS
-from onmt_lite.vocab import Vocab
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resume")
-    model = str(folder / "model.pt")
-    src_vocab, tgt_vocab = Vocab(list(SPECIALS) + SRC_WORDS), Vocab(list(SPECIALS) + TGT_WORDS)
-    save_checkpoint(model, make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2),
-                    src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+    model = tiny_checkpoint(folder / "model.pt", seed=2)
     src = folder / "src.txt"
     src.write_text("".join(" ".join(SRC_WORDS[(i * 5 + j) % 6] for j in range(i % 11)) + "\n"
                            for i in range(600)), encoding="utf-8")

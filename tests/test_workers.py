@@ -1,9 +1,8 @@
 """-workers: batches decoded by forked processes give the one-process output, byte for byte."""
 import pytest
 import torch
-from conftest import SRC_WORDS, TINY_MODELS, make_model
+from conftest import SRC_WORDS, TINY_MODELS, make_model, tiny_checkpoint
 
-from onmt_lite.checkpoint import save_checkpoint
 from onmt_lite.cli import translate as translate_cli
 from onmt_lite.models.model import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
@@ -52,16 +51,13 @@ def test_workers_refuse_threads_gpus_and_sampling(src_vocab, tgt_vocab, tmp_path
     with pytest.raises(ValueError, match="-inter_threads 1 and -workers 1"):
         Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=1,
                    random_sampling_topk=5), workers=2)
-    path = str(tmp_path / "model.pt")
-    save_checkpoint(path, model, src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+    path = tiny_checkpoint(tmp_path / "model.pt")
     with pytest.raises(ValueError, match="one torch thread per process: give -threads 1"):
         build_translator({"model": path, "workers": 2, "threads": 2})
 
 
-def test_the_command_line_output_is_the_same_file(checkpoint_path, src_vocab, tgt_vocab,
-                                                  tmp_path):
-    save_checkpoint(checkpoint_path, make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab),
-                    src_vocab, tgt_vocab, TINY_MODELS["transformer"])
+def test_the_command_line_output_is_the_same_file(tmp_path):
+    checkpoint_path = tiny_checkpoint(tmp_path / "model.pt")
     src = tmp_path / "src.txt"
     src.write_text("".join(line + "\n" for line in _lines(23, 7)), encoding="utf-8")
     outputs = []
