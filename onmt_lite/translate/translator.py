@@ -237,7 +237,9 @@ class Translator:
                     for line in tgt_lines]
                 batches, numbers = [], []
                 for indices in self._batches(src_tokens, tgt_tokens, batch_size, batch_type):
-                    if (only is None or number in only) and number not in skip:
+                    if number in skip:  # done before: counted as done at once
+                        bar.update(len(indices))
+                    elif only is None or number in only:
                         batches.append((indices, src_tokens, tgt_tokens, offset))
                         numbers.append(number)
                     number += 1
