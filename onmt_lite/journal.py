@@ -31,16 +31,23 @@ def file_digest(path: Optional[str]) -> Optional[str]:
 
 
 class Journal:
-    """``done``: batch number -> its records; ``records``: input line index -> its record,
-    ``{"index", "lines", "score", "words", "gold"}``."""
+    """``done``: the numbers of the journaled batches; ``lines_done``: their input lines.
+    Their records, ``{"index", "lines", "score", "words", "gold"}`` per input line, are read
+    back one shard at a time (``records_of``), so a resumed run's memory stays bounded.
+
+    Args:
+        shard_size: lines per shard of the run (0: one shard), as the translator reads them.
+    """
 
     def __init__(self, output: str, source: str, target: Optional[str], options: dict,
-                 write: bool = True):
+                 write: bool = True, shard_size: int = 0):
         self.path = output + ".journal"
         self.header = {"format": FORMAT, "source": file_digest(source),
                        "target": file_digest(target), "options": options}
-        self.done: Dict[int, List[dict]] = {}
-        self.records: Dict[int, dict] = {}
+        self.shard_size = shard_size
+        self.done: set = set()
+        self.lines_done = 0
+        self.entries: Dict[int, List[int]] = {}  # shard -> file positions of its batches
         self.write = write  # under torchrun only rank 0 writes; every rank reads
         if os.path.exists(self.path):
             self._read()
@@ -51,22 +58,41 @@ class Journal:
                 os.fsync(f.fileno())
             os.replace(self.path + ".new", self.path)
 
+    def shard(self, index: int) -> int:
+        return index // self.shard_size if self.shard_size else 0
+
     def _read(self) -> None:
-        with open(self.path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError:
-            raise JournalError(f"{self.path}: not a journal of onmt_lite (remove it to start "
-                               "afresh)") from None
-        self._check(header)
-        for line in lines[1:]:
+        with open(self.path, "rb") as f:
             try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # the torn last line of a killed run
-                break
-            self.done[entry["batch"]] = entry["translations"]
-            self.records.update((r["index"], r) for r in entry["translations"])
+                header = json.loads(f.readline())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise JournalError(f"{self.path}: not a journal of onmt_lite (remove it to "
+                                   "start afresh)") from None
+            self._check(header)
+            self.valid_end = f.tell()
+            while True:
+                position, line = f.tell(), f.readline()
+                try:
+                    entry = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):  # the end, or a torn line
+                    break
+                self.done.add(entry["batch"])
+                self.lines_done += len(entry["translations"])
+                shard = self.shard(entry["translations"][0]["index"])
+                self.entries.setdefault(shard, []).append(position)
+                self.valid_end = f.tell()
+        if self.write:  # a torn last line goes, so that new batches start on a line of their own
+            with open(self.path, "r+b") as f:
+                f.truncate(self.valid_end)
+
+    def records_of(self, shard: int) -> Dict[int, dict]:
+        """The journaled records of one shard, by input line index (once: then forgotten)."""
+        records = {}
+        with open(self.path, "rb") as f:
+            for position in self.entries.pop(shard, []):
+                f.seek(position)
+                records.update((r["index"], r) for r in json.loads(f.readline())["translations"])
+        return records
 
     def _check(self, header: dict) -> None:
         fresh = " (remove it to start afresh)"
@@ -85,7 +111,6 @@ class Journal:
 
     def add(self, number: int, records: List[dict]) -> None:
         """Records a decoded batch; on disk before this returns."""
-        self.done[number] = records
         if self.write:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"batch": number, "translations": records}) + "\n")

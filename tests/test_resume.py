@@ -39,11 +39,11 @@ def _batches_in(journal) -> int:
         return 0
 
 
-def _killed_run(model, src, out, after: int = 10) -> int:
+def _killed_run(model, src, out, *extra, after: int = 10) -> int:
     """Starts a -resume run, SIGKILLs it once ``after`` batches are journaled; returns how
     many are."""
     journal = f"{out}.journal"
-    run = subprocess.Popen(_command(model, src, out), stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(_command(model, src, out, *extra), stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while _batches_in(journal) < after and time.time() < deadline and run.poll() is None:
         time.sleep(0.02)
@@ -54,12 +54,17 @@ def _killed_run(model, src, out, after: int = 10) -> int:
     return _batches_in(journal)
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_file(setup, tmp_path):
+@pytest.mark.parametrize("shards", [[], ["-shard_size", "100"]], ids=["one shard", "shards"])
+def test_a_killed_run_resumes_to_the_uninterrupted_file(setup, tmp_path, shards):
+    """With shards, the journal's records are read back a shard at a time."""
     model, src, whole = setup
+    if shards:
+        assert translate_cli.main(_command(model, src, tmp_path / "whole.txt", *shards)[2:]) == 0
+        whole = (tmp_path / "whole.txt").read_bytes()
     out, journal = tmp_path / "out.txt", tmp_path / "out.txt.journal"
-    done = _killed_run(model, src, out)
+    done = _killed_run(model, src, out, *shards, after=120 if shards else 10)
     assert done >= 10
-    resumed = subprocess.run(_command(model, src, out), capture_output=True, text=True)
+    resumed = subprocess.run(_command(model, src, out, *shards), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"{done} batches" in resumed.stderr
     assert out.read_bytes() == whole

@@ -239,13 +239,14 @@ def _run_journaled(args, translator, writes: bool):
     options = json.loads(json.dumps(options))
     if translator.world_size > 1 and not writes:  # torchrun: rank 0 makes the journal first
         torch.distributed.barrier()
-    journal = Journal(args.output, args.src, args.tgt, options, writes)
+    journal = Journal(args.output, args.src, args.tgt, options, writes, args.shard_size)
     if translator.world_size > 1 and writes:
         torch.distributed.barrier()
     if journal.done and writes:
         logger.info("%s: %d batches (%d lines) done before, not decoded again", journal.path,
-                    len(journal.done), len(journal.records))
-    pending, next_out = dict(journal.records), 0
+                    len(journal.done), journal.lines_done)
+    pending, next_out = {}, 0
+    loaded = set()  # shards whose journaled records are in pending
     pred_total = gold_total = 0.0
     count = words = 0
     out_file = OutputFile(args.output) if writes else contextlib.nullcontext()
@@ -258,7 +259,12 @@ def _run_journaled(args, translator, writes: bool):
                 records = [_record(t, args.with_score) for t in translations]
                 journal.add(number, records)
                 pending.update((r["index"], r) for r in records)
-            while next_out in pending:
+            while True:
+                if journal.shard(next_out) not in loaded:
+                    loaded.add(journal.shard(next_out))
+                    pending.update(journal.records_of(journal.shard(next_out)))
+                if next_out not in pending:
+                    break
                 record = pending.pop(next_out)
                 next_out += 1
                 out.write("".join(line + "\n" for line in record["lines"]))
