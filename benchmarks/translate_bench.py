@@ -125,7 +125,8 @@ def tree_memory_mib(pid: int):
 
 def child(cmd):
     """Runs cmd and prints one JSON line: its log, wall time, peak RSS (MiB) of the largest
-    process, and the peak of the RSS summed over the process and its children (sampled)."""
+    process, and the peaks of the RSS and PSS summed over the process and its children
+    (sampled every 50 ms)."""
     start = time.time()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=os.environ.copy())

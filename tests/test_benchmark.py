@@ -4,16 +4,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, TINY_TRANSFORMER, make_model
-
-from onmt_lite.checkpoint import save_checkpoint
-
-
-def tiny_checkpoint(src_vocab, tgt_vocab, tmp_path) -> str:
-    ckpt = str(tmp_path / "m.pt")
-    save_checkpoint(ckpt, make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab), src_vocab,
-                    tgt_vocab, TINY_TRANSFORMER)
-    return ckpt
+from conftest import ROOT, tiny_checkpoint
 
 
 def run_script(name: str, *args) -> subprocess.CompletedProcess:
@@ -22,28 +13,41 @@ def run_script(name: str, *args) -> subprocess.CompletedProcess:
                            *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-def test_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
-    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
+def test_benchmark_smoke(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "translate_bench.py"), "-model", ckpt,
          "-src", str(tmp_path / "src"), "-ref", str(tmp_path / "ref"), "-runs", "1",
-         "-warmup", "0", "-threads", "1", "-extra=-max_length 5", "-json", str(out)],
+         "-warmup", "0", "-threads", "1", "-extra=-max_length 5", "-json", str(out),
+         "-engines", "batch", "sentence", "int8", "workers"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "onmt_lite batch" in proc.stdout and "onmt_lite sentence" in proc.stdout
     results = json.loads(out.read_text())
     assert [r["name"] for r in results] == ["onmt_lite batch", "onmt_lite sentence",
-                                            "onmt_lite int8", "onmt_lite bf16"]
+                                            "onmt_lite int8", "onmt_lite workers"]
     for r in results:
         assert r["translate_s"]["median"] > 0 and r["peak_rss_mib"]["median"] > 0
+        assert r["peak_pss_sum_mib"]["median"] > 0
+        assert r["peak_rss_sum_mib"]["median"] >= r["peak_rss_mib"]["median"] * 0.9
         assert r["sents_per_s"] > 0 and 0 <= r["bleu"] <= 100
+    # the exact engines agree line for line; workers are processes sharing the weights
+    assert [r["identical_to_first"] for r in results if "int8" not in r["name"]] == [1.0] * 3
+    workers = results[3]
+    assert workers["peak_rss_sum_mib"]["median"] > workers["peak_rss_mib"]["median"]
+    table = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "translate_bench.py"),
+                            "-table", str(out)], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.splitlines()
+    assert rows[0].startswith("| model |") and len(rows) == 2 + len(results)
+    assert rows[2].startswith("| bench | onmt_lite batch |") and rows[2].endswith("| 100.0% |")
 
 
-def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
-    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
+def test_benchmark_growth_and_memory_modes(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
     script = os.path.join(ROOT, "benchmarks", "translate_bench.py")
@@ -65,8 +69,8 @@ def test_benchmark_growth_and_memory_modes(src_vocab, tgt_vocab, tmp_path):
     assert [r["lines"] for r in rows] == [3, 30] and all(r["peak_rss_mib"] > 0 for r in rows)
 
 
-def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
-    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
+def test_profile_decode_groups_the_time(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
     out = tmp_path / "profile.json"
     proc = run_script("profile_decode.py", "-model", ckpt, "-src", tmp_path / "src",
@@ -80,8 +84,8 @@ def test_profile_decode_groups_the_time(src_vocab, tgt_vocab, tmp_path):
     assert "matrix products" in proc.stdout
 
 
-def test_threads_benchmark_smoke(src_vocab, tgt_vocab, tmp_path):
-    ckpt = tiny_checkpoint(src_vocab, tgt_vocab, tmp_path)
+def test_threads_benchmark_smoke(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\nb b\n")
     out = tmp_path / "threads.json"
     proc = run_script("threads_bench.py", "-model", ckpt, "-src", tmp_path / "src",

@@ -1,4 +1,6 @@
 """-workers: batches decoded by forked processes give the one-process output, byte for byte."""
+import os
+
 import pytest
 import torch
 from conftest import SRC_WORDS, TINY_MODELS, make_model, tiny_checkpoint
@@ -68,3 +70,17 @@ def test_the_command_line_output_is_the_same_file(tmp_path):
                                    "-threads", "1"]) == 0
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1] and outputs[0].count(b"\n") == 23
+
+
+def test_a_worker_that_dies_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    """The children inherit the patched method through fork: each ends its process."""
+    model, src = tiny_checkpoint(tmp_path / "model.pt"), tmp_path / "src.txt"
+    src.write_text("".join(line + "\n" for line in _lines(12, 5)), encoding="utf-8")
+    monkeypatch.setattr(Translator, "_translate_batch", lambda *args: os._exit(9))
+    out = tmp_path / "out.txt"
+    out.write_text("the previous output\n", encoding="utf-8")
+    assert translate_cli.main(["-model", model, "-src", str(src), "-output", str(out),
+                               "-batch_size", "3", "-workers", "2"]) == 1
+    assert "-workers: a worker process ended without finishing its batch" in \
+        capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == "the previous output\n"

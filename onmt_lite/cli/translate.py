@@ -21,6 +21,7 @@ from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.attention_plot import plot_attention, plot_path, prepare_folder
 from onmt_lite.translate.translator import build_translator
+from onmt_lite.translate.workers import WorkerError
 
 logger = logging.getLogger("onmt_lite")
 
@@ -316,7 +317,8 @@ def main(argv=None) -> int:
             kept += f"; -resume goes on from {args.output}.journal"
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
-    except (CheckpointError, InputError, JournalError, OutputError, ValueError) as err:
+    except (CheckpointError, InputError, JournalError, OutputError, ValueError,
+            WorkerError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -124,9 +124,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
     candidate_processors = []
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
         candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
-    if prefixes is not None:
-        if preset.rule not in ("slots", "replace"):
-            raise ValueError(f"-tgt_file_prefix: not available with -search {preset.name}")
+    if prefixes is not None and preset.rule not in ("slots", "replace"):
+        raise ValueError(f"-tgt_file_prefix: not available with -search {preset.name}")
     if prefixes is not None and preset.rule == "slots":
         candidate_processors.append(
             TargetPrefix(prefixes.repeat_interleave(k, dim=0), eos, vocab.pad))

@@ -10,11 +10,16 @@ batch order, so the output is the one-process, one-thread output, byte for byte.
 import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Iterable, Iterator, List
 
 import torch
 
 _translator = None  # the Translator the children inherit through fork
+
+
+class WorkerError(RuntimeError):
+    """A worker process ended without its batch (killed, out of memory, crashed)."""
 
 
 def _start() -> None:
@@ -36,8 +41,8 @@ def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
 
 def run_in_processes(translator, batches: Iterable[tuple], workers: int) -> Iterator[List]:
     """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes;
-    yields the results in batch order. A worker that dies ends the run with an error
-    (BrokenProcessPool), never a wait for its batch."""
+    yields the results in batch order. A worker that dies ends the run with a WorkerError,
+    never a wait for its batch."""
     global _translator
     if "fork" not in multiprocessing.get_all_start_methods():
         raise ValueError("-workers needs processes started by fork (Linux, macOS)")
@@ -45,5 +50,8 @@ def run_in_processes(translator, batches: Iterable[tuple], workers: int) -> Iter
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _start)
     try:
         yield from pool.map(_translate, [_only_its_lines(*args) for args in batches])
+    except BrokenProcessPool:
+        raise WorkerError("-workers: a worker process ended without finishing its batch "
+                          "(killed, out of memory or crashed)") from None
     finally:  # a consumer that stops early does not wait for the batches still queued
         pool.shutdown(cancel_futures=True)
