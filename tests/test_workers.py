@@ -1,4 +1,5 @@
 """-workers: batches decoded by forked processes give the one-process output, byte for byte."""
+import gc
 import os
 
 import pytest
@@ -8,6 +9,7 @@ from conftest import SRC_WORDS, TINY_MODELS, make_model, tiny_checkpoint
 from onmt_lite.cli import translate as translate_cli
 from onmt_lite.models.model import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
+from onmt_lite.translate import workers as workers_module
 
 
 def _lines(count: int, seed: int):
@@ -84,3 +86,25 @@ def test_a_worker_that_dies_is_one_clear_error(tmp_path, monkeypatch, capsys):
     assert "-workers: a worker process ended without finishing its batch" in \
         capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == "the previous output\n"
+
+
+def test_one_pool_of_frozen_parents_serves_every_shard(src_vocab, tgt_vocab, monkeypatch):
+    """The workers fork once per run, not once per shard, after the parent's objects are frozen
+    out of the garbage collector (so the children's collections copy none of its pages)."""
+    pools, frozen = [], []
+
+    class CountedPool(workers_module.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(self)
+            frozen.append(gc.get_freeze_count())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(workers_module, "ProcessPoolExecutor", CountedPool)
+    model = for_inference(make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab), "cpu")
+    lines = _lines(30, 4)
+    one = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=2))
+    two = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=2), workers=2)
+    assert [t.preds for t in one.translate(lines, batch_size=2, shard_size=7)] == \
+        [t.preds for t in two.translate(lines, batch_size=2, shard_size=7)]
+    assert len(pools) == 1 and frozen[0] > 0
+    assert gc.get_freeze_count() == 0  # the parent collects as before once the run ends

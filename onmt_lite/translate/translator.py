@@ -1,4 +1,5 @@
 """Translator and build_translator: encode once, tile by beam_size, step, map_state."""
+import contextlib
 import copy
 import itertools
 import logging
@@ -26,7 +27,7 @@ from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
 from onmt_lite.translate.distributed import block, gather, join, local_rank, world
 from onmt_lite.translate.translation import Translation
-from onmt_lite.translate.workers import run_in_processes
+from onmt_lite.translate.workers import WorkerPool
 from onmt_lite.vocab import unknown_tokens_warning
 
 logger = logging.getLogger("onmt_lite")
@@ -223,8 +224,10 @@ class Translator:
             raise ValueError("-shard_size must be 0 (no shards) or more")
         number, warned = 0, False
         show = progress and self.rank == 0
+        processes = WorkerPool(self, self.workers) if self.workers > 1 else None
         with tqdm(disable=not show, total=_line_count(src) if show else None,
-                  desc="translate", unit="sent", leave=False) as bar:
+                  desc="translate", unit="sent", leave=False) as bar, \
+                processes or contextlib.nullcontext():
             for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
                 src_tokens = [self._source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
@@ -245,19 +248,20 @@ class Translator:
                     number += 1
                 if self.world_size > 1:  # torchrun: this rank's block, then rank 0 has all
                     mine = block(len(batches), self.rank, self.world_size)
-                    decoded = list(self._run_batches([batches[i] for i in mine]))
+                    decoded = list(self._run_batches([batches[i] for i in mine], processes))
                     decoded = gather(decoded, self.rank, self.world_size) or []
                 else:
-                    decoded = self._run_batches(batches)
+                    decoded = self._run_batches(batches, processes)
                 for batch_number, translations in zip(numbers, decoded):
                     yield batch_number, translations
                     bar.update(len(translations))
 
-    def _run_batches(self, batches: list) -> Iterator[List[Translation]]:
+    def _run_batches(self, batches: list, processes: Optional[WorkerPool] = None
+                     ) -> Iterator[List[Translation]]:
         """_translate_batch on each argument tuple, in order, on ``inter_threads`` threads or
-        ``workers`` processes."""
-        if self.workers > 1 and batches:
-            yield from run_in_processes(self, batches, self.workers)
+        the ``processes`` of -workers."""
+        if processes is not None:
+            yield from processes.map(batches)
             return
         if self.inter_threads == 1:
             yield from (self._translate_batch(*args) for args in batches)

@@ -6,12 +6,18 @@ longer serialises the Python side of decoding. Each runs one torch thread: a chi
 that ran OpenMP's thread pool would hang in its own (GNU OpenMP is not fork-safe), and the
 processes are the parallelism. Batches are cut as in one process and results come back in
 batch order, so the output is the one-process, one-thread output, byte for byte.
+
+One pool serves a whole run, every shard of the input. Before the fork every object of the
+parent is frozen out of the garbage collector (``gc.freeze``): a child's collections would
+otherwise write into each inherited object's header, and copy every page of the parent's heap
+one by one over a long run (the workers' PSS grew by a fifth over a million lines).
 """
+import gc
 import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterable, Iterator, List
+from typing import Iterable, Iterator, List, Optional
 
 import torch
 
@@ -39,19 +45,37 @@ def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
     return indices, {i: src_tokens[i] for i in indices}, tgt, offset
 
 
-def run_in_processes(translator, batches: Iterable[tuple], workers: int) -> Iterator[List]:
-    """``translator._translate_batch(*args)`` for each batch, on ``workers`` forked processes;
-    yields the results in batch order. A worker that dies ends the run with a WorkerError,
-    never a wait for its batch."""
-    global _translator
-    if "fork" not in multiprocessing.get_all_start_methods():
-        raise ValueError("-workers needs processes started by fork (Linux, macOS)")
-    _translator = translator
-    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _start)
-    try:
-        yield from pool.map(_translate, [_only_its_lines(*args) for args in batches])
-    except BrokenProcessPool:
-        raise WorkerError("-workers: a worker process ended without finishing its batch "
-                          "(killed, out of memory or crashed)") from None
-    finally:  # a consumer that stops early does not wait for the batches still queued
-        pool.shutdown(cancel_futures=True)
+class WorkerPool:
+    """``workers`` forked processes decoding batches for ``translator``; a context manager,
+    forking at the first batch and ending the processes on exit."""
+
+    def __init__(self, translator, workers: int):
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ValueError("-workers needs processes started by fork (Linux, macOS)")
+        self.translator, self.workers = translator, workers
+        self.pool: Optional[ProcessPoolExecutor] = None
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:  # queued batches are dropped, not waited for
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+            gc.unfreeze()
+
+    def map(self, batches: Iterable[tuple]) -> Iterator[List]:
+        """``translator._translate_batch(*args)`` for each batch; yields the results in batch
+        order. A worker that dies ends the run with a WorkerError, never a wait for its batch."""
+        global _translator
+        tasks = [_only_its_lines(*args) for args in batches]
+        if self.pool is None:
+            _translator = self.translator
+            gc.freeze()  # the children fork at the first submit
+            self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"),
+                                            _start)
+        try:
+            yield from self.pool.map(_translate, tasks)
+        except BrokenProcessPool:
+            raise WorkerError("-workers: a worker process ended without finishing its batch "
+                              "(killed, out of memory or crashed)") from None
