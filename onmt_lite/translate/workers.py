@@ -7,10 +7,12 @@ that ran OpenMP's thread pool would hang in its own (GNU OpenMP is not fork-safe
 processes are the parallelism. Batches are cut as in one process and results come back in
 batch order, so the output is the one-process, one-thread output, byte for byte.
 
-One pool serves a whole run, every shard of the input. Before the fork every object of the
-parent is frozen out of the garbage collector (``gc.freeze``): a child's collections would
-otherwise write into each inherited object's header, and copy every page of the parent's heap
-one by one over a long run (the workers' PSS grew by a fifth over a million lines).
+One pool serves a whole run, every shard of the input, forked before any input is read: the
+pages the children share with the parent are then the model and the interpreter, not lines the
+parent frees and reuses (each such write copies a shared page). Before the fork every object of
+the parent is frozen out of the garbage collector (``gc.freeze``): a child's collections would
+otherwise write into each inherited object's header, and copy the parent's heap page by page
+over a long run.
 """
 import gc
 import multiprocessing
@@ -46,8 +48,8 @@ def _only_its_lines(indices, src_tokens, tgt_tokens, offset):
 
 
 class WorkerPool:
-    """``workers`` forked processes decoding batches for ``translator``; a context manager,
-    forking at the first batch and ending the processes on exit."""
+    """``workers`` forked processes decoding batches for ``translator``; a context manager that
+    forks them on entry and ends them on exit."""
 
     def __init__(self, translator, workers: int):
         if "fork" not in multiprocessing.get_all_start_methods():
@@ -56,6 +58,11 @@ class WorkerPool:
         self.pool: Optional[ProcessPoolExecutor] = None
 
     def __enter__(self) -> "WorkerPool":
+        global _translator
+        _translator = self.translator
+        gc.freeze()
+        self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), _start)
+        self.pool.submit(int).result()  # forks every worker now (fork pools start all at once)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -67,13 +74,7 @@ class WorkerPool:
     def map(self, batches: Iterable[tuple]) -> Iterator[List]:
         """``translator._translate_batch(*args)`` for each batch; yields the results in batch
         order. A worker that dies ends the run with a WorkerError, never a wait for its batch."""
-        global _translator
         tasks = [_only_its_lines(*args) for args in batches]
-        if self.pool is None:
-            _translator = self.translator
-            gc.freeze()  # the children fork at the first submit
-            self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"),
-                                            _start)
         try:
             yield from self.pool.map(_translate, tasks)
         except BrokenProcessPool:
