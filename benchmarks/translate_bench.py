@@ -4,6 +4,7 @@ CTranslate2 on the same checkpoint, side by side in one run.
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF [-peers VENV] [-json F]
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -growth
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -memory_lines 100000
+    python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -startup
     python benchmarks/translate_bench.py -table transformer.json rnn.json   # the README's table
 
 onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads each (default
@@ -25,6 +26,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -204,8 +206,10 @@ def growth(args, work):
     src = os.path.join(work, "growth.src")
     with open(src, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
-    tools = [("onmt_lite", None, lambda out, n: onmt_lite_command(
-        args, src, out, "-min_length", str(n), "-max_length", str(n), "-max_length_ratio", "0"))]
+    forced = ["-max_length_ratio", "0", "-min_length", "{n}", "-max_length", "{n}"]
+    tools = [(name, None, lambda out, n, extra=extra: onmt_lite_command(
+        args, src, out, *[o.format(n=n) for o in forced + extra]))
+        for name, extra in (("onmt_lite", []), ("onmt_lite -fast", ["-fast"]))]
     ct2_dir = ct2_model(args, work) if args.peers else None
     if ct2_dir:  # the same forced lengths, with onmt_lite's thread layout
         threads = f"{args.inter_threads}x{args.threads}"
@@ -228,6 +232,32 @@ def growth(args, work):
         row["vs_shortest"] = row["tokens_per_s"] / shortest["tokens_per_s"]
         print(f"{row['tool']:20} {row['output_tokens']:16.1f} {row['translate_s']:12.2f} "
               f"{row['tokens_per_s']:9.1f} {row['vs_shortest']:7.2f}")
+    return rows
+
+
+def startup(args, work):
+    """A fresh process's time to its first translation (one line, whole process): exact, -fast,
+    and -compile with an empty compile cache, then with the cache the first run filled."""
+    src = os.path.join(work, "startup.src")
+    with open(args.src, encoding="utf-8") as f, open(src, "w", encoding="utf-8") as out:
+        out.write(f.readline())
+    cache = os.path.join(work, "startup-cache")
+    cases = [("exact", []), ("-fast", ["-fast"]),
+             ("-compile, empty compile cache", ["-compile", "-compile_cache", cache]),
+             ("-compile, warm compile cache", ["-compile", "-compile_cache", cache]),
+             ("-compile, no C++ compiler", ["-compile"])]
+    rows = []
+    for name, options in cases:
+        env = dict(os.environ, CXX="/no/compiler") if "no C++" in name else None
+        times = []
+        for i in range(args.runs):
+            if "empty" in name:
+                shutil.rmtree(cache, ignore_errors=True)
+            cmd = onmt_lite_command(args, src, os.path.join(work, "startup.txt"), *options)
+            times.append(run_once(cmd, env, name)["process_s"])
+        rows.append({"case": name, "process_s": statistics.median(times), "min": min(times),
+                     "max": max(times)})
+        print(f"{name:32} {statistics.median(times):6.2f} s ({min(times):.2f}-{max(times):.2f})")
     return rows
 
 
@@ -261,7 +291,21 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
     "workers": ["-workers", "{inter}", "-inter_threads", "1"],
     "one-process": ["-inter_threads", "1", "-threads", "{inter}"],  # one batch on all threads
     "int8-workers": ["-int8", "-workers", "{inter}", "-inter_threads", "1"],
-    "bf16-workers": ["-precision", "bf16", "-workers", "{inter}", "-inter_threads", "1"]}
+    "bf16-workers": ["-precision", "bf16", "-workers", "{inter}", "-inter_threads", "1"],
+    # the fast path, uncompiled (-fast) and compiled in the benchmark's cache folder by the
+    # warm-up run (-compile)
+    "fast": ["-fast"], "fast-workers": ["-fast", "-workers", "{inter}", "-inter_threads", "1"],
+    "fast-int8-workers": ["-fast", "-int8", "-workers", "{inter}", "-inter_threads", "1"],
+    "compiled": ["-compile", "-compile_cache", "{cache}"],
+    "compiled-workers": ["-compile", "-compile_cache", "{cache}", "-workers", "{inter}",
+                         "-inter_threads", "1"],
+    "compiled-int8-workers": ["-compile", "-compile_cache", "{cache}", "-int8", "-workers",
+                              "{inter}", "-inter_threads", "1"],
+    "fast-bf16-workers": ["-fast", "-precision", "bf16", "-workers", "{inter}",
+                          "-inter_threads", "1"],
+    # -compile where no C++ compiler is found: the -fast step, after one line
+    "compiled-no-compiler-workers": ["-compile", "-workers", "{inter}", "-inter_threads", "1"]}
+NO_COMPILER = {"compiled-no-compiler-workers"}  # run with CXX pointing nowhere
 
 
 def markdown(paths) -> str:
@@ -308,6 +352,9 @@ def main(argv=None):
     p.add_argument("-memory_lines", type=int, default=0,
                    help="instead: peak RSS on -memory_base lines and on this many")
     p.add_argument("-memory_base", type=int, default=1000)
+    p.add_argument("-startup", action="store_true",
+                   help="instead: a fresh process's time to its first translation, exact, "
+                        "-fast, -compile with an empty and a warm compile cache")
     p.add_argument("-table", nargs="+", metavar="JSON",
                    help="instead: print the README's markdown table from these -json files")
     args = p.parse_args(argv)
@@ -319,8 +366,9 @@ def main(argv=None):
     if not all(re.fullmatch(r"\d+x\d+", setting) for setting in args.ct2):
         p.error("-ct2 settings are INTERxINTRA thread counts, e.g. 2x1")
     work = tempfile.mkdtemp(prefix="bench-")
-    if args.growth or args.memory_lines:
-        results = growth(args, work) if args.growth else memory(args, work)
+    if args.growth or args.memory_lines or args.startup:
+        results = growth(args, work) if args.growth else \
+            startup(args, work) if args.startup else memory(args, work)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(results, f, indent=1)
@@ -330,9 +378,11 @@ def main(argv=None):
     configs = []
     for engine in args.engines:
         out = os.path.join(work, f"onmt_lite.{engine}.txt")
-        options = [o.format(inter=args.inter_threads) for o in ENGINE_OPTIONS[engine]]
+        options = [o.format(inter=args.inter_threads, cache=os.path.join(work, "compiled"))
+                   for o in ENGINE_OPTIONS[engine]]
         cmd = onmt_lite_command(args, args.src, out, *options)
-        configs.append((f"onmt_lite {engine}", cmd, out, None))
+        env = dict(os.environ, CXX="/no/compiler") if engine in NO_COMPILER else None
+        configs.append((f"onmt_lite {engine}", cmd, out, env))
     if args.peers:
         env = peers_env(args)
         out = os.path.join(work, "opennmt-py.txt")

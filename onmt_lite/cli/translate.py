@@ -154,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "inter_threads", type=integer(1), default=1,
         help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
+    add(g, "fast", action="store_true",
+        help="the fast path: fused products and attention kernels in the decoder step (with "
+             "-int8 the RNN's cells too); results close to exact decoding, not equal")
+    add(g, "compile", action="store_true",
+        help="-fast with its step compiled by torch.compile where a C++ compiler is found "
+             "(else it says so and runs uncompiled); compiled once, at load, then cached")
+    add(g, "compile_cache", default="",
+        help="-compile: folder for the compiled code, reused by later runs (default: "
+             "$TORCHINDUCTOR_CACHE_DIR, else ~/.cache/onmt_lite/compiled)")
     add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
         help="fp16: GPU only; bf16: on GPU the whole model, on CPU the matrix products "
              "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16)")
@@ -178,7 +187,8 @@ def _shows_progress(args) -> bool:
 
 # options that do not change the output: a resumed run may change them
 RESUMABLE_CHANGES = {"src", "tgt", "output", "resume", "progress", "no_progress", "report_time",
-                     "threads", "inter_threads", "workers", "config", "gpu", "given_options"}
+                     "threads", "inter_threads", "workers", "config", "gpu", "given_options",
+                     "compile_cache"}
 
 
 def run(args) -> None:

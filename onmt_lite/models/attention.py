@@ -87,9 +87,13 @@ class MultiHeadedAttention(nn.Module):
         """Keys and values of ``x`` (B, L, H), each (B, h, L, d)."""
         return self.split_heads(self.linear_keys(x)), self.split_heads(self.linear_values(x))
 
+    def project_query(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries of ``x`` (B, T, H), scaled: (B, h, T, d)."""
+        return self.split_heads(self.linear_query(x)) / math.sqrt(self.dim_per_head)
+
     def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               mask: Optional[torch.Tensor],
-               group: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+               mask: Optional[torch.Tensor], group: int = 1,
+               q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``query`` (B, T, H) over projected ``keys``/``values`` (B / group, h, S, d).
 
         Each run of ``group`` consecutive query rows shares one row of keys and values (a
@@ -98,19 +102,49 @@ class MultiHeadedAttention(nn.Module):
 
         Args:
             mask: broadcastable to (B / group, 1, group * T, S), True where attention is forbidden.
+            q: project_query(query), if already computed.
         Returns:
             output (B, T, H) and weights (B / group, h, group * T, S).
         """
-        q = self.split_heads(self.linear_query(query)) / math.sqrt(self.dim_per_head)
-        batch, heads, length, dim = q.shape
-        if group > 1:
-            q = q.view(-1, group, heads, length, dim).transpose(1, 2).reshape(
-                -1, heads, group * length, dim)
+        q = self.project_query(query) if q is None else q
+        context, weights = self.attention(q, keys, values, mask, group)
+        return self.output(context, q.size(0), q.size(2)), weights
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  mask: Optional[torch.Tensor], group: int = 1):
+        """Projected queries (B, h, T, d) over keys/values: the contexts (B / group, h,
+        group * T, d) before the output projection, and the weights."""
+        q = self._grouped(q, group)
         scores = torch.matmul(q, keys.transpose(2, 3)).float()
         if mask is not None:
             scores = scores.masked_fill(mask, MASKED_LOGIT)
         weights = torch.softmax(scores, dim=-1).to(q.dtype)
-        context = torch.matmul(self.dropout(weights), values)  # (B / group, h, group * T, d)
-        context = context.view(-1, heads, group, length, dim).permute(0, 2, 3, 1, 4).reshape(
-            batch, length, heads * dim)
-        return self.final_linear(context), weights
+        return torch.matmul(self.dropout(weights), values), weights
+
+    def fused_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        mask: Optional[torch.Tensor], group: int = 1) -> torch.Tensor:
+        """attention's contexts without the weights, by scaled_dot_product_attention's fused
+        kernel (the fast path: inference only, rounded otherwise)."""
+        allowed = None if mask is None else ~mask
+        return nn.functional.scaled_dot_product_attention(self._grouped(q, group), keys, values,
+                                                          allowed, scale=1.0)
+
+    @staticmethod
+    def _grouped(q: torch.Tensor, group: int) -> torch.Tensor:
+        """(B, h, T, d) -> (B / group, h, group * T, d): a group's queries side by side."""
+        if group == 1:
+            return q
+        batch, heads, length, dim = q.shape
+        return q.view(-1, group, heads, length, dim).transpose(1, 2).reshape(
+            -1, heads, group * length, dim)
+
+    def output(self, context: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+        """(B / group, h, group * T, d) contexts of ``batch`` query rows of ``length`` -> the
+        final projection (B, T, H)."""
+        return self.final_linear(self.merge_heads(context, batch, length))
+
+    def merge_heads(self, context: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+        """(B / group, h, group * T, d) -> (B, T, h * d), contiguous."""
+        heads, dim = self.heads, self.dim_per_head
+        return context.view(-1, heads, batch // context.size(0), length, dim).permute(
+            0, 2, 3, 1, 4).reshape(batch, length, heads * dim)

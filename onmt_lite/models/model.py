@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from onmt_lite.models.bfloat16 import to_bfloat16
+from onmt_lite.models.fast import to_fast
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
 from onmt_lite.models.transformer import (
     ACTIVATIONS,
@@ -124,10 +125,11 @@ def replica(model: NMTModel) -> NMTModel:
 
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,
-                  precision: str = "fp32") -> NMTModel:
+                  precision: str = "fp32", fast: bool = False, compile: bool = False,
+                  compile_cache: str = "") -> NMTModel:
     """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU), in half
-    precision (GPU) or with bf16 products (CPU, see bfloat16.py); searches keep their scores
-    in fp32."""
+    precision (GPU) or with bf16 products (CPU, see bfloat16.py), optionally on the fast path,
+    compiled or not (see fast.py); searches keep their scores in fp32."""
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     if precision not in dtypes:
         raise ValueError(f"-precision must be one of {', '.join(dtypes)}")
@@ -139,11 +141,14 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     if int8 and precision != "fp32":
         raise ValueError(f"-int8 and -precision {precision} exclude each other")
     model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
+    if fast or compile:
+        to_fast(model.decoder, compile, compile_cache)
     if precision == "bf16" and not on_gpu:
         to_bfloat16(model)
     if int8:
         with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
             warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8,
+            layers = {nn.Linear, nn.LSTMCell, nn.GRUCell} if fast or compile else {nn.Linear}
+            model = torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
                                                            inplace=True)
     return model

@@ -286,6 +286,14 @@ class Translator:
         finally:  # a consumer that stops early does not wait for the batches still queued
             pool.shutdown(cancel_futures=True)
 
+    def warm_up(self) -> None:
+        """Decodes a batch of one sentence and one of two (source lengths 1 to 3): -compile
+        compiles the step here, at load, rather than in the first batch."""
+        word = self.src_vocab.itos[-1]
+        lines = [[word], [word] * 2, [word] * 3]
+        self._translate_batch([0], lines, None)
+        self._translate_batch([1, 2], lines, None)
+
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
         tokens = self.transform.encode(line) if self.transform else line.split()
@@ -574,7 +582,9 @@ def build_translator(opt) -> Translator:
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
                         for other in paths[1:]]
     models = [for_inference(m, device, bool(_get(opt, "int8", False)),
-                            _get(opt, "precision", "fp32") or "fp32") for m in models]
+                            _get(opt, "precision", "fp32") or "fp32", bool(_get(opt, "fast")),
+                            bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "")
+              for m in models]
     max_src = None  # the shortest position table of the models, if any has one
     for m in models:
         limit = getattr(getattr(m.encoder, "embeddings", None), "max_len", None)
@@ -591,8 +601,11 @@ def build_translator(opt) -> Translator:
     workers = _get(opt, "workers") or 1
     if workers > 1 and (_get(opt, "threads") or 1) != 1:
         raise ValueError("-workers runs one torch thread per process: give -threads 1 (or 0)")
-    return Translator(model, src_vocab, tgt_vocab, options, device, max_src,
-                      1 if inter_threads is None else inter_threads, transform, workers)
+    translator = Translator(model, src_vocab, tgt_vocab, options, device, max_src,
+                            1 if inter_threads is None else inter_threads, transform, workers)
+    if _get(opt, "compile"):
+        translator.warm_up()
+    return translator
 
 
 def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):

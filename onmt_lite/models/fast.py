@@ -1,0 +1,132 @@
+"""The fast path (``-fast``, ``-compile``): the Transformer decoder's step rebuilt for speed,
+judged by BLEU and by the share of lines identical to exact decoding rather than by equality.
+
+- One product for each self-attention's queries, keys and values (its three weights side by
+  side, the query scale folded in).
+- Attention by the fused kernel of ``scaled_dot_product_attention``, except the one the search
+  reads: the last layer's context attention, whose weights it returns.
+- With ``-int8``, the RNN's LSTM and GRU cells quantised as well as its linear layers (see
+  model.for_inference).
+- With ``-compile``, the position-wise blocks between the attentions compiled by
+  ``torch.compile`` (Inductor) where a C++ compiler is found: with dynamic shapes, so one
+  compilation serves every number of rows and every length; the code is kept in a cache
+  directory, so a later process loads it instead of compiling. Without a compiler the same
+  blocks run uncompiled, after one line that says so.
+"""
+import logging
+import math
+import os
+import shutil
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
+
+logger = logging.getLogger("onmt_lite")
+
+DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                             "onmt_lite", "compiled")
+# the user's choice, read before Inductor's import sets the variable to its own default
+USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compiler_problem() -> Optional[str]:
+    """Why torch.compile cannot build CPU code here, or None if it can."""
+    try:
+        from torch._inductor import config
+    except ImportError as err:  # a torch build without Inductor
+        return f"this torch build has no Inductor compiler ({err})"
+    candidates = [c for c in config.cpp.cxx if c] if isinstance(config.cpp.cxx, (list, tuple)) \
+        else [config.cpp.cxx]
+    if any(shutil.which(c) for c in candidates):
+        return None
+    return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
+
+
+def compiler(cache_dir: str = "") -> Callable:
+    """torch.compile with dynamic shapes and its code kept in ``cache_dir`` (default: the user's
+    cache); where no compiler is found, says so in one line and returns the eager function."""
+    problem = compiler_problem()
+    if problem:
+        logger.warning("-compile: %s: the decoder step runs uncompiled", problem)
+        return lambda fn: fn
+    directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
+        from torch._inductor.utils import clear_caches
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+        clear_caches()  # nothing compiled before is looked for in the old place
+    return lambda fn: torch.compile(fn, dynamic=True)
+
+
+class FastDecoderLayer(Residual):
+    """A DecoderLayer's step on the fast path, with the layer's own modules (weights shared).
+
+    Args:
+        layer: the DecoderLayer.
+        weights: whether its context attention returns weights (the last layer's does).
+        compile: turns a block function into its compiled version (see ``compiler``).
+    """
+
+    def __init__(self, layer: DecoderLayer, weights: bool, compile: Callable = lambda fn: fn):
+        super().__init__(layer.pre_norm)
+        self.layer_norm_1, self.layer_norm_2 = layer.layer_norm_1, layer.layer_norm_2
+        self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
+        self.feed_forward, self.weights = layer.feed_forward, weights
+        attn = layer.self_attn
+        scale = 1 / math.sqrt(attn.dim_per_head)  # a power of two for 64 or 256 per head: exact
+        parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
+        dim = attn.linear_query.in_features
+        self.qkv = nn.Linear(dim, 3 * dim, bias=attn.linear_query.bias is not None,
+                             device=attn.linear_query.weight.device,
+                             dtype=attn.linear_query.weight.dtype)
+        with torch.no_grad():
+            self.qkv.weight.copy_(torch.cat([parts[0].weight * scale, parts[1].weight,
+                                             parts[2].weight]))
+            if self.qkv.bias is not None:
+                self.qkv.bias.copy_(torch.cat([parts[0].bias * scale, parts[1].bias,
+                                               parts[2].bias]))
+        self.project, self.between, self.finish = (
+            compile(self._project), compile(self._between), compile(self._finish))
+
+    def _project(self, x: torch.Tensor):
+        """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each."""
+        qkv = self.qkv(self.before(self.layer_norm_1, x))
+        return tuple(self.self_attn.split_heads(part) for part in qkv.chunk(3, dim=-1))
+
+    def _between(self, context: torch.Tensor, x: torch.Tensor):
+        """The self-attention's contexts (B, T, H) -> the layer's state after it and the
+        context attention's scaled queries."""
+        query = self.after(self.layer_norm_1, self.self_attn.final_linear(context) + x)
+        return query, self.context_attn.project_query(self.before(self.layer_norm_2, query))
+
+    def _finish(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        out = self.context_attn.final_linear(context)
+        return self.feed_forward(self.after(self.layer_norm_2, out + query))
+
+    def forward(self, x, cache, index: int, self_mask, mem_kv, src_mask, group: int):
+        """As DecoderLayer.forward; the attention returned is None but in the last layer."""
+        rows, length = x.size(0), x.size(1)  # the compiled blocks see contiguous (B, T, H)
+        q, keys, values = self.project(x)
+        if cache is not None:
+            keys, values = cache.append(index, keys, values)
+        context = self.self_attn.fused_attention(q, keys, values, self_mask)
+        query, q = self.between(self.self_attn.merge_heads(context, rows, length), x)
+        if self.weights:
+            context, attn = self.context_attn.attention(q, *mem_kv, src_mask, group)
+        else:
+            context, attn = self.context_attn.fused_attention(q, *mem_kv, src_mask, group), None
+        return self.finish(self.context_attn.merge_heads(context, rows, length), query), attn
+
+
+def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "") -> nn.Module:
+    """Puts a TransformerDecoder's layers on the fast path, in place, compiled if ``compile``;
+    returns the decoder. Other decoders (RNN) are returned as they are:
+    their step has no such rewrite."""
+    if isinstance(decoder, TransformerDecoder):
+        compile = compiler(cache_dir) if compile else (lambda fn: fn)
+        last = len(decoder.layers) - 1
+        decoder.layers = nn.ModuleList(FastDecoderLayer(layer, i == last, compile)
+                                       for i, layer in enumerate(decoder.layers))
+    return decoder

@@ -1,0 +1,154 @@
+"""-fast and -compile: the Transformer decoder step with fused products, compiled where a
+compiler is found.
+
+Judged by closeness to exact decoding: equal hypotheses on tiny models, scores within rounding,
+and at least 98% of the fixture's lines identical; the compiler's absence is one warning line.
+"""
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import SRC_WORDS, TINY_TRANSFORMER, make_model
+from parity import FIXTURES, TEST_SRC, available
+
+from onmt_lite.models import fast
+from onmt_lite.models.model import for_inference
+from onmt_lite.translate import DecodingOptions, Translator, build_translator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARIAN_LIKE = dict(TINY_TRANSFORMER, layer_norm_position="post", add_qkvbias=True,
+                   add_ffnbias=True, heads=4)
+
+
+def _lines(count: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [" ".join(SRC_WORDS[int(i)] for i in torch.randint(0, 6, (int(n),), generator=gen))
+            for n in torch.randint(1, 12, (count,), generator=gen)]
+
+
+def _translator(opt, src_vocab, tgt_vocab, on_fast: bool, int8: bool = False, seed: int = 3):
+    model = make_model(opt, src_vocab, tgt_vocab, seed)
+    if on_fast:  # before quantising, as for_inference does, but uncompiled
+        fast.to_fast(model.decoder)
+    model = for_inference(model, "cpu", int8=int8)
+    return Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=4, n_best=2))
+
+
+@pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE], ids=["pre-norm", "post-norm"])
+def test_the_fast_step_finds_the_exact_hypotheses(opt, src_vocab, tgt_vocab):
+    lines = _lines(40, 1)
+    exact = _translator(opt, src_vocab, tgt_vocab, False).translate(lines, tgt=lines,
+                                                                    batch_size=7)
+    quick = _translator(opt, src_vocab, tgt_vocab, True).translate(lines, tgt=lines,
+                                                                   batch_size=7)
+    for a, b in zip(exact, quick):
+        assert a.preds == b.preds
+        assert a.scores == pytest.approx(b.scores, abs=1e-4)
+        assert a.gold_score == pytest.approx(b.gold_score, abs=1e-4)  # teacher forcing
+        for attn_a, attn_b in zip(a.attns, b.attns):  # the last layer's weights, still there
+            assert torch.allclose(attn_a, attn_b, atol=1e-5)
+
+
+def test_the_fused_weights_are_the_three_projections(src_vocab, tgt_vocab):
+    model = make_model(MARIAN_LIKE, src_vocab, tgt_vocab)
+    layer = model.decoder.layers[0]
+    quick = fast.FastDecoderLayer(layer, weights=False)
+    x = torch.randn(5, 1, 16)
+    q, k, v = quick._project(x)
+    attn = layer.self_attn
+    assert torch.allclose(q, attn.project_query(x), atol=1e-6)
+    assert torch.allclose(k, attn.project_kv(x)[0], atol=1e-6)
+    assert torch.allclose(v, attn.project_kv(x)[1], atol=1e-6)
+
+
+def test_fast_and_int8_together(src_vocab, tgt_vocab):
+    lines = _lines(20, 2)
+    int8 = _translator(TINY_TRANSFORMER, src_vocab, tgt_vocab, False, int8=True)
+    both = _translator(TINY_TRANSFORMER, src_vocab, tgt_vocab, True, int8=True)
+    assert [t.preds for t in int8.translate(lines)] == [t.preds for t in both.translate(lines)]
+
+
+def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):
+    from torch._inductor import config
+    monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-c++-compiler"))
+    assert "no C++ compiler found" in fast.compiler_problem()
+    with caplog.at_level(logging.WARNING, logger="onmt_lite"):
+        compile = fast.compiler()
+    assert compile(len) is len
+    assert [r.getMessage() for r in caplog.records] == [
+        "-compile: no C++ compiler found (looked for no-such-c++-compiler; set CXX to one): the "
+        "decoder step runs uncompiled"]
+
+
+def test_the_command_line_without_a_compiler(tmp_path):
+    """A machine without a compiler: one line says so, and -compile translates every line."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n\nd e f a\n")
+    out = tmp_path / "out.txt"
+    env = dict(os.environ, CXX="/no/such/compiler")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model", model,
+                           "-src", src, "-output", out, "-compile", "-beam_size", "3"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "-compile: no C++ compiler found (looked for /no/such/compiler" in proc.stderr
+    assert len(out.read_text().split("\n")) == 4  # three lines, the empty one kept
+
+
+COMPILE_RUN = """
+import json, sys, torch
+from torch._dynamo.utils import counters
+from onmt_lite.translate import build_translator
+torch.set_num_threads(1)
+translator = build_translator({"model": sys.argv[1], "compile": True, "beam_size": 3,
+                               "compile_cache": sys.argv[2]})
+lines = [l.strip() for l in open(sys.argv[3])]
+out = [t.preds for size in (1, 3, 8) for t in translator.translate(lines, batch_size=size)]
+print(json.dumps({"preds": out, "graphs": counters["stats"]["unique_graphs"],
+                  "hits": counters["inductor"]["fxgraph_cache_hit"],
+                  "misses": counters["inductor"]["fxgraph_cache_miss"]}))
+"""
+
+
+@pytest.mark.skipif(fast.compiler_problem() is not None, reason="no C++ compiler here")
+def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
+    """Batches of 1, 3 and 8 sentences of many lengths compile a few graphs (the three blocks,
+    and a block's special case of one row), not one per shape; a second process loads them from
+    the cache directory; the compiled step finds the uncompiled step's hypotheses."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in _lines(17, 5)))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COMPILE_RUN, model, tmp_path / "cache",
+                               src], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert 3 <= first["graphs"] <= 6
+    assert first["misses"] == first["graphs"] and first["hits"] == 0
+    assert second["hits"] == first["graphs"] and second["misses"] == 0
+    uncompiled = build_translator({"model": model, "beam_size": 3})
+    fast.to_fast(uncompiled.model.decoder)
+    lines = src.read_text().split("\n")[:-1]
+    expected = [t.preds for size in (1, 3, 8) for t in uncompiled.translate(lines, batch_size=size)]
+    assert first["preds"] == second["preds"] == expected
+
+
+@pytest.mark.skipif(not available(), reason="../shared/fixtures/onmt-py is absent")
+def test_the_fixture_keeps_its_lines_on_the_fast_path():
+    with open(TEST_SRC, encoding="utf-8") as f:
+        lines = [next(f).strip() for _ in range(200)]
+    model = os.path.join(FIXTURES, "transformer.pt")
+    exact = build_translator({"model": model, "beam_size": 5})
+    quick = build_translator({"model": model, "beam_size": 5})
+    fast.to_fast(quick.model.decoder)
+    a = [t.preds[0] for t in exact.translate(lines, batch_size=32)]
+    b = [t.preds[0] for t in quick.translate(lines, batch_size=32)]
+    assert sum(x == y for x, y in zip(a, b)) >= 0.98 * len(lines)
