@@ -49,14 +49,14 @@ def test_the_fast_step_finds_the_exact_hypotheses(opt, src_vocab, tgt_vocab):
         assert a.preds == b.preds
         assert a.scores == pytest.approx(b.scores, abs=1e-4)
         assert a.gold_score == pytest.approx(b.gold_score, abs=1e-4)  # teacher forcing
-        for attn_a, attn_b in zip(a.attns, b.attns):  # the last layer's weights, still there
+        for attn_a, attn_b in zip(a.attns, b.attns):
             assert torch.allclose(attn_a, attn_b, atol=1e-5)
 
 
 def test_the_fused_weights_are_the_three_projections(src_vocab, tgt_vocab):
     model = make_model(MARIAN_LIKE, src_vocab, tgt_vocab)
     layer = model.decoder.layers[0]
-    quick = fast.FastDecoderLayer(layer, weights=False)
+    quick = fast.FastDecoderLayer(layer)
     x = torch.randn(5, 1, 16)
     q, k, v = quick._project(x)
     attn = layer.self_attn

@@ -121,14 +121,6 @@ class MultiHeadedAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1).to(q.dtype)
         return torch.matmul(self.dropout(weights), values), weights
 
-    def fused_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                        mask: Optional[torch.Tensor], group: int = 1) -> torch.Tensor:
-        """attention's contexts without the weights, by scaled_dot_product_attention's fused
-        kernel (the fast path: inference only, rounded otherwise)."""
-        allowed = None if mask is None else ~mask
-        return nn.functional.scaled_dot_product_attention(self._grouped(q, group), keys, values,
-                                                          allowed, scale=1.0)
-
     @staticmethod
     def _grouped(q: torch.Tensor, group: int) -> torch.Tensor:
         """(B, h, T, d) -> (B / group, h, group * T, d): a group's queries side by side."""

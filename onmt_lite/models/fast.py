@@ -3,8 +3,8 @@ judged by BLEU and by the share of lines identical to exact decoding rather than
 
 - One product for each self-attention's queries, keys and values (its three weights side by
   side, the query scale folded in).
-- Attention by the fused kernel of ``scaled_dot_product_attention``, except the one the search
-  reads: the last layer's context attention, whose weights it returns.
+- A step's self-attention over fewer than 8 cached positions by elementwise products and sums:
+  batched matrix products of one query row with so few keys take 3-4x longer (MKL).
 - With ``-int8``, the RNN's LSTM and GRU cells quantised as well as its linear layers (see
   model.for_inference).
 - With ``-compile``, the position-wise blocks between the attentions compiled by
@@ -25,6 +25,8 @@ from torch import nn
 from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
 
 logger = logging.getLogger("onmt_lite")
+
+FEW_KEYS = 8  # below this many keys one query row's attention goes elementwise
 
 DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                              "onmt_lite", "compiled")
@@ -65,15 +67,14 @@ class FastDecoderLayer(Residual):
 
     Args:
         layer: the DecoderLayer.
-        weights: whether its context attention returns weights (the last layer's does).
         compile: turns a block function into its compiled version (see ``compiler``).
     """
 
-    def __init__(self, layer: DecoderLayer, weights: bool, compile: Callable = lambda fn: fn):
+    def __init__(self, layer: DecoderLayer, compile: Callable = lambda fn: fn):
         super().__init__(layer.pre_norm)
         self.layer_norm_1, self.layer_norm_2 = layer.layer_norm_1, layer.layer_norm_2
         self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
-        self.feed_forward, self.weights = layer.feed_forward, weights
+        self.feed_forward = layer.feed_forward
         attn = layer.self_attn
         scale = 1 / math.sqrt(attn.dim_per_head)  # a power of two for 64 or 256 per head: exact
         parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
@@ -105,18 +106,22 @@ class FastDecoderLayer(Residual):
         out = self.context_attn.final_linear(context)
         return self.feed_forward(self.after(self.layer_norm_2, out + query))
 
+    def self_attention(self, q, keys, values, mask) -> torch.Tensor:
+        """Contexts (B, h, T, d) of scaled queries q over keys/values (B, h, S, d)."""
+        if q.size(2) == 1 and keys.size(2) < FEW_KEYS:  # one step: no mask
+            weights = torch.softmax((q * keys).sum(-1, keepdim=True), dim=2)  # (B, h, S, 1)
+            return (weights * values).sum(2, keepdim=True)
+        return self.self_attn.attention(q, keys, values, mask)[0]
+
     def forward(self, x, cache, index: int, self_mask, mem_kv, src_mask, group: int):
-        """As DecoderLayer.forward; the attention returned is None but in the last layer."""
+        """As DecoderLayer.forward."""
         rows, length = x.size(0), x.size(1)  # the compiled blocks see contiguous (B, T, H)
         q, keys, values = self.project(x)
         if cache is not None:
             keys, values = cache.append(index, keys, values)
-        context = self.self_attn.fused_attention(q, keys, values, self_mask)
+        context = self.self_attention(q, keys, values, self_mask)
         query, q = self.between(self.self_attn.merge_heads(context, rows, length), x)
-        if self.weights:
-            context, attn = self.context_attn.attention(q, *mem_kv, src_mask, group)
-        else:
-            context, attn = self.context_attn.fused_attention(q, *mem_kv, src_mask, group), None
+        context, attn = self.context_attn.attention(q, *mem_kv, src_mask, group)
         return self.finish(self.context_attn.merge_heads(context, rows, length), query), attn
 
 
@@ -126,7 +131,6 @@ def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "") -> n
     their step has no such rewrite."""
     if isinstance(decoder, TransformerDecoder):
         compile = compiler(cache_dir) if compile else (lambda fn: fn)
-        last = len(decoder.layers) - 1
-        decoder.layers = nn.ModuleList(FastDecoderLayer(layer, i == last, compile)
-                                       for i, layer in enumerate(decoder.layers))
+        decoder.layers = nn.ModuleList(FastDecoderLayer(layer, compile)
+                                       for layer in decoder.layers)
     return decoder
