@@ -152,3 +152,19 @@ def test_the_fixture_keeps_its_lines_on_the_fast_path():
     a = [t.preds[0] for t in exact.translate(lines, batch_size=32)]
     b = [t.preds[0] for t in quick.translate(lines, batch_size=32)]
     assert sum(x == y for x, y in zip(a, b)) >= 0.98 * len(lines)
+
+
+def test_the_warm_up_leaves_seeded_sampling_and_prefixes_as_they_were(tmp_path):
+    """-compile decodes dummy batches at load: a seeded sample draws the same afterwards, and a
+    run with target prefixes warms up too."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    lines = _lines(6, 7)
+    options = {"model": model, "beam_size": 1, "random_sampling_topk": -1, "seed": 4}
+    plain = build_translator(options)
+    warmed = build_translator(options)
+    warmed.warm_up()
+    assert [t.preds for t in plain.translate(lines)] == [t.preds for t in warmed.translate(lines)]
+    prefixed = build_translator({"model": model, "beam_size": 2, "tgt_file_prefix": True})
+    prefixed.warm_up()
+    assert len(prefixed.translate(lines, tgt=["A B"] * 6)) == 6

@@ -291,8 +291,13 @@ class Translator:
         compiles the step here, at load, rather than in the first batch."""
         word = self.src_vocab.itos[-1]
         lines = [[word], [word] * 2, [word] * 3]
-        self._translate_batch([0], lines, None)
-        self._translate_batch([1, 2], lines, None)
+        targets = lines if self.opt.tgt_file_prefix else None  # forced as prefixes
+        generator = getattr(self.sampler, "generator", None)
+        state = None if generator is None else generator.get_state()
+        self._translate_batch([0], lines, targets)
+        self._translate_batch([1, 2], lines, targets)
+        if state is not None:  # a seeded run draws as it would without the warm-up
+            generator.set_state(state)
 
     # -- batching -------------------------------------------------------------------------
     def _source_tokens(self, line: str, number: int) -> List[str]:
