@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -35,16 +36,22 @@ USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def compiler_problem() -> Optional[str]:
-    """Why torch.compile cannot build CPU code here, or None if it can."""
+    """Why torch.compile cannot build CPU code here, or None if it can. Inductor (2 s to import)
+    is imported only where its compiler is found: its own setting if it is loaded, else its
+    default, $CXX or g++ (clang++ on macOS)."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        cxx = config.cpp.cxx
+        candidates = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    else:
+        candidates = [os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")]
+    if not any(shutil.which(c) for c in candidates):
+        return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
     try:
-        from torch._inductor import config
+        import torch._inductor.config  # noqa: F401
     except ImportError as err:  # a torch build without Inductor
         return f"this torch build has no Inductor compiler ({err})"
-    candidates = [c for c in config.cpp.cxx if c] if isinstance(config.cpp.cxx, (list, tuple)) \
-        else [config.cpp.cxx]
-    if any(shutil.which(c) for c in candidates):
-        return None
-    return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
+    return None
 
 
 def compiler(cache_dir: str = "") -> Callable:
