@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="batches translated at the same time, each on its own thread (same results)")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "fast", action="store_true",
-        help="the fast path: fused products and attention kernels in the decoder step (with "
-             "-int8 the RNN's cells too); results close to exact decoding, not equal")
+        help="the fast path: the Transformer decoder step with one product for queries, keys "
+             "and values and short self-attentions without batched products (with -int8 the "
+             "RNN's cells quantised too); results close to exact decoding, not equal")
     add(g, "compile", action="store_true",
         help="-fast with its step compiled by torch.compile where a C++ compiler is found "
              "(else it says so and runs uncompiled); compiled once, at load, then cached")
