@@ -168,3 +168,16 @@ def test_the_warm_up_leaves_seeded_sampling_and_prefixes_as_they_were(tmp_path):
     prefixed = build_translator({"model": model, "beam_size": 2, "tgt_file_prefix": True})
     prefixed.warm_up()
     assert len(prefixed.translate(lines, tgt=["A B"] * 6)) == 6
+
+
+def test_the_fast_cpu_preset_translates_every_line(tmp_path):
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in _lines(9, 8)) + "\n")
+    out = tmp_path / "out.txt"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-config",
+                           os.path.join(ROOT, "configs", "fast_int8_cpu.yaml"), "-model", model,
+                           "-src", src, "-output", out], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert len(out.read_text().split("\n")) == 11  # ten lines, the empty one kept
