@@ -181,3 +181,15 @@ def test_the_fast_cpu_preset_translates_every_line(tmp_path):
                            "-src", src, "-output", out], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().split("\n")) == 11  # ten lines, the empty one kept
+
+
+def test_fast_layers_hold_no_state_between_threads(src_vocab, tgt_vocab):
+    """-inter_threads decodes batches at once on replicas sharing the fast layers."""
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, seed=2)
+    fast.to_fast(model.decoder)
+    model = for_inference(model, "cpu")
+    lines = _lines(30, 9)
+    one, two = (Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3),
+                           inter_threads=n) for n in (1, 2))
+    assert [t.preds for t in one.translate(lines, batch_size=4)] == \
+        [t.preds for t in two.translate(lines, batch_size=4)]
