@@ -250,7 +250,7 @@ def startup(args, work):
     for name, options in cases:
         env = dict(os.environ, CXX="/no/compiler") if "no C++" in name else None
         times = []
-        for i in range(args.runs):
+        for _ in range(args.runs):
             if "empty" in name:
                 shutil.rmtree(cache, ignore_errors=True)
             cmd = onmt_lite_command(args, src, os.path.join(work, "startup.txt"), *options)

@@ -108,3 +108,5 @@ def test_one_pool_of_frozen_parents_serves_every_shard(src_vocab, tgt_vocab, mon
         [t.preds for t in two.translate(lines, batch_size=2, shard_size=7)]
     assert len(pools) == 1 and frozen[0] > 0
     assert gc.get_freeze_count() == 0  # the parent collects as before once the run ends
+    with workers_module.WorkerPool(two, 2) as processes:  # forked on entry, before any input
+        assert len(processes.pool._processes) == 2

@@ -92,8 +92,8 @@ class MultiHeadedAttention(nn.Module):
         return self.split_heads(self.linear_query(x)) / math.sqrt(self.dim_per_head)
 
     def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               mask: Optional[torch.Tensor], group: int = 1,
-               q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               mask: Optional[torch.Tensor],
+               group: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
         """``query`` (B, T, H) over projected ``keys``/``values`` (B / group, h, S, d).
 
         Each run of ``group`` consecutive query rows shares one row of keys and values (a
@@ -102,11 +102,10 @@ class MultiHeadedAttention(nn.Module):
 
         Args:
             mask: broadcastable to (B / group, 1, group * T, S), True where attention is forbidden.
-            q: project_query(query), if already computed.
         Returns:
             output (B, T, H) and weights (B / group, h, group * T, S).
         """
-        q = self.project_query(query) if q is None else q
+        q = self.project_query(query)
         context, weights = self.attention(q, keys, values, mask, group)
         return self.output(context, q.size(0), q.size(2)), weights
 

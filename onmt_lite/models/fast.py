@@ -83,18 +83,15 @@ class FastDecoderLayer(Residual):
         self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
         self.feed_forward = layer.feed_forward
         attn = layer.self_attn
-        scale = 1 / math.sqrt(attn.dim_per_head)  # a power of two for 64 or 256 per head: exact
         parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
-        dim = attn.linear_query.in_features
-        self.qkv = nn.Linear(dim, 3 * dim, bias=attn.linear_query.bias is not None,
-                             device=attn.linear_query.weight.device,
-                             dtype=attn.linear_query.weight.dtype)
+        scales = (1 / math.sqrt(attn.dim_per_head), 1.0, 1.0)  # 1/8 for 64 per head: exact
+        self.qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features,
+                             bias=parts[0].bias is not None, device=parts[0].weight.device,
+                             dtype=parts[0].weight.dtype)
         with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([parts[0].weight * scale, parts[1].weight,
-                                             parts[2].weight]))
+            self.qkv.weight.copy_(torch.cat([p.weight * k for p, k in zip(parts, scales)]))
             if self.qkv.bias is not None:
-                self.qkv.bias.copy_(torch.cat([parts[0].bias * scale, parts[1].bias,
-                                               parts[2].bias]))
+                self.qkv.bias.copy_(torch.cat([p.bias * k for p, k in zip(parts, scales)]))
         self.project, self.between, self.finish = (
             compile(self._project), compile(self._between), compile(self._finish))
 
