@@ -204,6 +204,7 @@ def run(args) -> None:
         totals = _run_journaled(args, translator, writes)
     else:
         totals = _run_plain(args, translator, writes)
+    distributed.leave()
     if writes:
         _report(args, *totals, time.time() - start)
 
