@@ -1,5 +1,6 @@
 """-fast and -compile: the Transformer decoder step with fused products, compiled where a
-compiler is found.
+compiler is found; the RNN decoder step with its products with the embedding and the memory
+folded.
 
 Judged by closeness to exact decoding: equal hypotheses on tiny models, scores within rounding,
 and at least 98% of the fixture's lines identical; the compiler's absence is one warning line.
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import SRC_WORDS, TINY_TRANSFORMER, make_model
+from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
 from onmt_lite.models import fast
@@ -38,19 +39,38 @@ def _translator(opt, src_vocab, tgt_vocab, on_fast: bool, int8: bool = False, se
     return Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=4, n_best=2))
 
 
-@pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE], ids=["pre-norm", "post-norm"])
+@pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE, *TINY_RNNS.values()],
+                         ids=["pre-norm", "post-norm", *TINY_RNNS])
 def test_the_fast_step_finds_the_exact_hypotheses(opt, src_vocab, tgt_vocab):
     lines = _lines(40, 1)
     exact = _translator(opt, src_vocab, tgt_vocab, False).translate(lines, tgt=lines,
                                                                     batch_size=7)
-    quick = _translator(opt, src_vocab, tgt_vocab, True).translate(lines, tgt=lines,
-                                                                   batch_size=7)
+    translator = _translator(opt, src_vocab, tgt_vocab, True)
+    decoder = translator.model.decoder
+    assert isinstance(decoder.layers[0], fast.FastDecoderLayer) if "heads" in opt \
+        else isinstance(decoder.attn, fast.FoldedGlobalAttention)
+    quick = translator.translate(lines, tgt=lines, batch_size=7)
     for a, b in zip(exact, quick):
         assert a.preds == b.preds
         assert a.scores == pytest.approx(b.scores, abs=1e-4)
         assert a.gold_score == pytest.approx(b.gold_score, abs=1e-4)  # teacher forcing
         for attn_a, attn_b in zip(a.attns, b.attns):
             assert torch.allclose(attn_a, attn_b, atol=1e-5)
+
+
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_an_rnn_embedding_table_beyond_the_limit_is_not_made(rnn, src_vocab, tgt_vocab,
+                                                             monkeypatch):
+    opt = TINY_RNNS[f"{'brnn' if rnn == 'LSTM' else 'rnn'}-{rnn}-general"]
+    model = for_inference(make_model(opt, src_vocab, tgt_vocab), "cpu")
+    exact = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3))
+    lines = _lines(10, 4)
+    expected = [t.preds for t in exact.translate(lines)]
+    monkeypatch.setattr(fast, "MAX_TABLE_BYTES", 0)
+    decoder = fast.to_fast(model.decoder)
+    assert type(decoder.rnn.layers[0]) is {"LSTM": torch.nn.LSTMCell, "GRU": torch.nn.GRUCell}[rnn]
+    assert decoder.embeddings.weight.size(1) == opt["word_vec_size"]
+    assert [t.preds for t in exact.translate(lines)] == expected
 
 
 def test_the_fused_weights_are_the_three_projections(src_vocab, tgt_vocab):
@@ -142,13 +162,13 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
 
 
 @pytest.mark.skipif(not available(), reason="../shared/fixtures/onmt-py is absent")
-def test_the_fixture_keeps_its_lines_on_the_fast_path():
+@pytest.mark.parametrize("name", ["transformer", "rnn"])
+def test_the_fixture_keeps_its_lines_on_the_fast_path(name):
     with open(TEST_SRC, encoding="utf-8") as f:
         lines = [next(f).strip() for _ in range(200)]
-    model = os.path.join(FIXTURES, "transformer.pt")
+    model = os.path.join(FIXTURES, f"{name}.pt")
     exact = build_translator({"model": model, "beam_size": 5})
-    quick = build_translator({"model": model, "beam_size": 5})
-    fast.to_fast(quick.model.decoder)
+    quick = build_translator({"model": model, "beam_size": 5, "fast": True})
     a = [t.preds[0] for t in exact.translate(lines, batch_size=32)]
     b = [t.preds[0] for t in quick.translate(lines, batch_size=32)]
     assert sum(x == y for x, y in zip(a, b)) >= 0.98 * len(lines)

@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from onmt_lite.models.rnn import gru_update, lstm_update
+
 logger = logging.getLogger("onmt_lite")
 
 # oneDNN compiles and keeps a kernel for every shape it meets (~0.3 MiB and 1-4 ms each):
@@ -80,10 +82,7 @@ class Bfloat16LSTMCell(nn.Module):
 
     def forward(self, x: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]):
         hidden, cell = state
-        gates = _product(torch.cat([x, hidden], dim=1), self.weight, self.bias)
-        i, f, g, o = gates.chunk(4, dim=1)
-        cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(cell), cell
+        return lstm_update(_product(torch.cat([x, hidden], dim=1), self.weight, self.bias), cell)
 
 
 class Bfloat16GRUCell(nn.Module):
@@ -95,11 +94,8 @@ class Bfloat16GRUCell(nn.Module):
         self.bias_ih, self.bias_hh = _fp32(cell.bias_ih), _fp32(cell.bias_hh)
 
     def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        xr, xz, xn = _product(x, self.weight_ih, self.bias_ih).chunk(3, dim=1)
-        hr, hz, hn = _product(hidden, self.weight_hh, self.bias_hh).chunk(3, dim=1)
-        reset, update = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-        new = torch.tanh(xn + reset * hn)
-        return new + update * (hidden - new)
+        return gru_update(_product(x, self.weight_ih, self.bias_ih),
+                          _product(hidden, self.weight_hh, self.bias_hh), hidden)
 
 
 BFLOAT16_VERSIONS = {nn.Linear: Bfloat16Linear, nn.LSTMCell: Bfloat16LSTMCell,

@@ -1,17 +1,25 @@
-"""The fast path (``-fast``, ``-compile``): the Transformer decoder's step rebuilt for speed,
-judged by BLEU and by the share of lines identical to exact decoding rather than by equality.
+"""The fast path (``-fast``, ``-compile``): the decoder's step rebuilt for speed, judged by BLEU
+and by the share of lines identical to exact decoding rather than by equality.
 
+Transformer:
 - One product for each self-attention's queries, keys and values (its three weights side by
   side, the query scale folded in).
 - A step's self-attention over fewer than 8 cached positions by elementwise products and sums:
   batched matrix products of one query row with so few keys take 3-4x longer (MKL).
-- With ``-int8``, the RNN's LSTM and GRU cells quantised as well as its linear layers (see
-  model.for_inference).
 - With ``-compile``, the position-wise blocks between the attentions compiled by
   ``torch.compile`` (Inductor) where a C++ compiler is found: with dynamic shapes, so one
   compilation serves every number of rows and every length; the code is kept in a cache
   directory, so a later process loads it instead of compiling. Without a compiler the same
   blocks run uncompiled, after one line that says so.
+
+RNN (input feeding), a fifth fewer multiply-adds a step, each fold exact up to rounding:
+- the first cell's product with the embedding looked up in a table made at load (one row per
+  target word: its embedding's product plus the biases), at most MAX_TABLE_BYTES;
+- the attention's products with the memory made once per batch, not once per step: the
+  ``general`` score's query projection moved onto the memory (q.(W m) = (W^T q).m), and the
+  output projection's context half, since the context is a weighted sum of memory rows;
+- with ``-int8``, the LSTM and GRU cells quantised as well as the linear layers (see
+  model.for_inference).
 """
 import logging
 import math
@@ -23,11 +31,14 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from onmt_lite.models.attention import GlobalAttention
+from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
 
 logger = logging.getLogger("onmt_lite")
 
 FEW_KEYS = 8  # below this many keys one query row's attention goes elementwise
+MAX_TABLE_BYTES = 256 << 20  # the RNN's embedding products: V x 4H floats (LSTM)
 
 DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                              "onmt_lite", "compiled")
@@ -69,6 +80,17 @@ def compiler(cache_dir: str = "") -> Callable:
     return lambda fn: torch.compile(fn, dynamic=True)
 
 
+def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Linear:
+    """An nn.Linear holding copies of ``weight`` (out, in) and ``bias`` (quantised by -int8)."""
+    linear = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None,
+                       device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
 class FastDecoderLayer(Residual):
     """A DecoderLayer's step on the fast path, with the layer's own modules (weights shared).
 
@@ -85,13 +107,9 @@ class FastDecoderLayer(Residual):
         attn = layer.self_attn
         parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
         scales = (1 / math.sqrt(attn.dim_per_head), 1.0, 1.0)  # 1/8 for 64 per head: exact
-        self.qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features,
-                             bias=parts[0].bias is not None, device=parts[0].weight.device,
-                             dtype=parts[0].weight.dtype)
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight * k for p, k in zip(parts, scales)]))
-            if self.qkv.bias is not None:
-                self.qkv.bias.copy_(torch.cat([p.bias * k for p, k in zip(parts, scales)]))
+        self.qkv = _linear(torch.cat([p.weight * k for p, k in zip(parts, scales)]),
+                           None if parts[0].bias is None
+                           else torch.cat([p.bias * k for p, k in zip(parts, scales)]))
         self.project, self.between, self.finish = (
             compile(self._project), compile(self._between), compile(self._finish))
 
@@ -129,11 +147,96 @@ class FastDecoderLayer(Residual):
         return self.finish(self.context_attn.merge_heads(context, rows, length), query), attn
 
 
+class FoldedLSTMCell(nn.Module):
+    """The first LSTM cell of an input-feeding decoder, its input x = [the table row of the
+    word (4H: embedding product and biases); the input feed (H)]: one product for the input
+    feed and the hidden state together."""
+
+    def __init__(self, cell: nn.LSTMCell, feed_size: int):
+        super().__init__()
+        self.gates = cell.weight_ih.size(0)
+        self.product = _linear(torch.cat([cell.weight_ih[:, -feed_size:], cell.weight_hh], 1))
+
+    def forward(self, x: torch.Tensor, state):
+        hidden, cell = state
+        rest = self.product(torch.cat([x[:, self.gates:], hidden], dim=1))
+        return lstm_update(x[:, :self.gates] + rest, cell)
+
+
+class FoldedGRUCell(nn.Module):
+    """FoldedLSTMCell's GRU twin: x = [the word's table row (3H); the input feed (H)]."""
+
+    def __init__(self, cell: nn.GRUCell, feed_size: int):
+        super().__init__()
+        self.gates = cell.weight_ih.size(0)
+        self.feed = _linear(cell.weight_ih[:, -feed_size:])
+        self.hidden = _linear(cell.weight_hh, cell.bias_hh)
+
+    def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        from_input = x[:, :self.gates] + self.feed(x[:, self.gates:])
+        return gru_update(from_input, self.hidden(hidden), hidden)
+
+
+class FoldedGlobalAttention(nn.Module):
+    """GlobalAttention with its products with the memory made by ``project_memory``, once per
+    batch: the score's keys (the memory, its ``general`` projection or its ``mlp`` share) and the
+    memory's output projection, side by side (B, S, 2H)."""
+
+    def __init__(self, attn: GlobalAttention):
+        super().__init__()
+        self.attn = attn  # its mlp layers score
+        dim, weight = attn.linear_out.out_features, attn.linear_out.weight.detach()
+        self.register_buffer("context_out", weight[:, :dim].contiguous(), persistent=False)
+        self.register_buffer("query_in", attn.linear_in.weight.detach().t().contiguous()
+                             if attn.attn_type == "general" else None, persistent=False)
+        self.query_out = _linear(weight[:, dim:], attn.linear_out.bias)
+
+    def project_memory(self, memory: torch.Tensor) -> torch.Tensor:
+        if self.attn.attn_type == "mlp":
+            keys = self.attn.linear_context(memory)
+        else:
+            keys = memory if self.query_in is None else nn.functional.linear(memory,
+                                                                             self.query_in)
+        return torch.cat([keys, nn.functional.linear(memory, self.context_out)], dim=-1)
+
+    def forward(self, query: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                memory_proj: torch.Tensor, group: int = 1):
+        """As GlobalAttention.forward, ``memory_proj`` from project_memory."""
+        batch, length, dim = query.shape
+        keys, values = memory_proj.split(dim, dim=-1)
+        grouped = query.reshape(-1, group * length, dim)
+        if self.attn.attn_type == "mlp":
+            align = self.attn.score(grouped, memory, keys)
+        else:
+            align = torch.bmm(grouped, keys.transpose(1, 2))
+        weights = torch.softmax(align.masked_fill(src_mask, float("-inf")), dim=-1)
+        output = torch.bmm(weights, values).view(batch, length, dim) + self.query_out(query)
+        if self.attn.attn_type != "mlp":
+            output = torch.tanh(output)
+        return output, weights.view(batch, length, -1)
+
+
+def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
+    """Puts an input-feeding RNN decoder on the fast path, in place (see the module's text)."""
+    cells, feed = decoder.rnn, decoder.hidden_size
+    first = cells.layers[0]
+    embedding = decoder.embeddings.weight.detach()
+    table_bytes = embedding.size(0) * first.weight_ih.size(0) * embedding.element_size()
+    if table_bytes <= MAX_TABLE_BYTES:
+        with torch.no_grad():
+            bias = first.bias_ih + first.bias_hh if cells.is_lstm else first.bias_ih
+            table = nn.functional.linear(embedding, first.weight_ih[:, :-feed], bias)
+        decoder.embeddings = nn.Embedding.from_pretrained(table, freeze=True)
+        cells.layers[0] = (FoldedLSTMCell if cells.is_lstm else FoldedGRUCell)(first, feed)
+    decoder.attn = FoldedGlobalAttention(decoder.attn)
+
+
 def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "") -> nn.Module:
-    """Puts a TransformerDecoder's layers on the fast path, in place, compiled if ``compile``;
-    returns the decoder. Other decoders (RNN) are returned as they are:
-    their step has no such rewrite."""
-    if isinstance(decoder, TransformerDecoder):
+    """Puts a decoder on the fast path, in place: a TransformerDecoder's layers, compiled if
+    ``compile``; an input-feeding RNN decoder's folds (uncompiled). Returns the decoder."""
+    if isinstance(decoder, InputFeedRNNDecoder):
+        fold_rnn(decoder)
+    elif isinstance(decoder, TransformerDecoder):
         compile = compiler(cache_dir) if compile else (lambda fn: fn)
         decoder.layers = nn.ModuleList(FastDecoderLayer(layer, compile)
                                        for layer in decoder.layers)
