@@ -211,6 +211,19 @@ def test_n_best_returns_n_hypotheses_best_first():
     assert results[1].output_lines() == ["B", "B A"]
 
 
+def test_without_the_attention_the_search_is_the_same(engine):
+    lines = ["A", "B", "A B"]
+    kept, _ = translate(lines, beam_size=2, n_best=2)
+    dropped, _ = translate(lines, beam_size=2, n_best=2, keep_attention=False)
+    assert [r.preds for r in dropped] == [r.preds for r in kept]
+    assert [r.scores for r in dropped] == [r.scores for r in kept]
+    if engine == "batch":  # the sentence engine's Beam keeps its per-step attention anyway
+        assert [[tuple(a.shape) for a in r.attns] for r in dropped] == \
+            [[(len(a), 0) for a in r.attns] for r in kept]
+    with pytest.raises(ValueError, match="-replace_unk reads the attention"):
+        translate(lines, replace_unk=True, keep_attention=False)
+
+
 def test_results_come_back_in_input_order():
     lines = ["C A B", "A", "", "B C", "A A", "B"]
     results, _ = translate(lines, beam_size=2, batch_size=2)

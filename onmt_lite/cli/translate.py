@@ -197,7 +197,8 @@ def run(args) -> None:
         torch.set_num_threads(args.threads)
     elif args.inter_threads > 1:
         torch.set_num_threads(max(1, torch.get_num_threads() // args.inter_threads))
-    translator = build_translator(vars(args))
+    reads_attention = args.replace_unk or args.attn_debug or args.attn_dump or args.attn_plot
+    translator = build_translator(dict(vars(args), keep_attention=bool(reads_attention)))
     writes = translator.rank == 0  # under torchrun, rank 0 writes and logs (distributed.py)
     start = time.time()
     if args.resume:

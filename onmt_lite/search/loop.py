@@ -35,11 +35,14 @@ class Search:
 
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
-                beam_size: int, bos: int) -> List[List[Hypothesis]]:
+                beam_size: int, bos: int, keep_attention: bool = True) -> List[List[Hypothesis]]:
     """Searches a batch; finished sentences leave the decoder state.
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
+        keep_attention: each hypothesis keeps its attention; without it, its attention has
+            width 0, and a step does not copy the attention history of every row (a cost that
+            grows with the output's length).
     Returns:
         for each sentence, its n-best hypotheses, best first.
     """
@@ -53,7 +56,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
     dec.init_state(src_len, memory, final)
     live = list(range(batch))  # original sentence of each block of k rows
     seqs = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)  # (rows, t)
-    attn_hist = torch.zeros(batch * k, 0, src.size(1), device=device)  # (rows, t, S)
+    attn_width = src.size(1) if keep_attention else 0
+    attn_hist = torch.zeros(batch * k, 0, attn_width, device=device)  # (rows, t, width)
     padding = (torch.arange(src.size(1), device=device) >= src_len.unsqueeze(1)
                ).repeat_interleave(k, dim=0)  # (rows, S)
     rule.start(batch, k, padding)
@@ -102,7 +106,8 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
         flat = rows.view(-1)
         cand_seqs = torch.cat([seqs.index_select(0, flat), tokens.view(-1, 1)], dim=1)
         cand_attn = attn.index_select(0, flat)
-        cand_hist = torch.cat([attn_hist.index_select(0, flat), cand_attn.unsqueeze(1)], dim=1)
+        cand_hist = torch.cat([attn_hist.index_select(0, flat),
+                               cand_attn[:, None, :attn_width]], dim=1)
 
         def path(c: int):  # candidate c's tokens and attention, without source padding
             return cand_seqs[c, 1:], cand_hist[c, :, :lengths[live[c // width]]]

@@ -68,6 +68,7 @@ class DecodingOptions:
     diverse_strength: float = 0.5  # its Hamming diversity penalty
     banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
     renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
+    keep_attention: bool = True  # each hypothesis' attention (Translation.attns); off: width 0
 
     def validate(self) -> None:
         if self.beam_size < 1:
@@ -111,6 +112,8 @@ class DecodingOptions:
             raise ValueError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
         if self.ratio < 0:
             raise ValueError("-ratio must be 0 (off) or more")
+        if self.replace_unk and not self.keep_attention:
+            raise ValueError("-replace_unk reads the attention: keep_attention must be on")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
         if sampling and self.beam_size != 1 and self.search != "hf":
             raise ValueError("random sampling needs -beam_size 1 (or -search hf: beam sampling)")
@@ -372,7 +375,7 @@ class Translator:
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
             hyps = beam_search(self.model, src, src_len, search, beam_size=self.opt.beam_size,
-                               bos=self.tgt_vocab.bos)
+                               bos=self.tgt_vocab.bos, keep_attention=self.opt.keep_attention)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
