@@ -12,11 +12,12 @@ Transformer:
   directory, so a later process loads it instead of compiling. Without a compiler the same
   blocks run uncompiled, after one line that says so.
 
-RNN (input feeding), a fifth fewer multiply-adds a step, each fold exact up to rounding:
+RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
+rounding:
 - the first cell's product with the embedding looked up in a table made at load (one row per
   target word: its embedding's product plus the biases), at most MAX_TABLE_BYTES;
 - the attention's products with the memory made once per batch, not once per step: the
-  ``general`` score's query projection moved onto the memory (q.(W m) = (W^T q).m), and the
+  ``general`` score's query projection moved onto the memory ((W q).m = q.(W^T m)), and the
   output projection's context half, since the context is a weighted sum of memory rows;
 - with ``-int8``, the LSTM and GRU cells quantised as well as the linear layers (see
   model.for_inference).
