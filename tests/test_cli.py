@@ -152,6 +152,19 @@ def test_attn_debug_and_attn_dump(tiny_model, tmp_path, caplog):
         assert abs(sum(row) - 1.0) < 1e-4
 
 
+@pytest.mark.parametrize("reader", [[], ["-replace_unk"], ["-attn_debug"], ["-attn_dump", "a.jsonl"]])
+def test_the_attention_is_kept_only_where_an_option_reads_it(reader, tiny_model, tmp_path,
+                                                            monkeypatch):
+    built = []
+    build = translate_cli.build_translator
+    monkeypatch.setattr(translate_cli, "build_translator",
+                        lambda opt: built.append(opt["keep_attention"]) or build(opt))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("red cat runs\n")
+    assert _run(["-model", tiny_model, "-src", "in.txt", "-output", "o.txt", *reader]) == 0
+    assert built == [bool(reader)]
+
+
 def test_sampling_is_reproducible_with_seed(tiny_model, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("red cat runs\nbig bird sits\n")
