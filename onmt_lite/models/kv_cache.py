@@ -28,9 +28,8 @@ def _copy_rows(history: torch.Tensor, sources: torch.Tensor, targets: torch.Tens
         order = torch.arange(sources.numel())
         last_read = torch.full((history.size(2),), -1).scatter_reduce_(0, sources, order, "amax")
         if not bool((last_read.index_select(0, targets) > order).any()):
-            rows = history.unbind(2)
-            torch._foreach_copy_([rows[t] for t in targets.tolist()],
-                                 [rows[s] for s in sources.tolist()])
+            torch._foreach_copy_([history.select(2, t) for t in targets.tolist()],
+                                 [history.select(2, s) for s in sources.tolist()])
             return
     history.index_copy_(2, targets, history.index_select(2, sources))
 
