@@ -191,7 +191,7 @@ class FoldedLSTMCell(nn.Module):
 
     def forward(self, x: torch.Tensor, state):
         hidden, cell = state
-        rest = self.product(torch.cat([x[:, self.gates:], hidden], dim=1))
+        rest = product(self.product, torch.cat([x[:, self.gates:], hidden], dim=1))
         return lstm_update(x[:, :self.gates] + rest, cell)
 
 
@@ -205,8 +205,8 @@ class FoldedGRUCell(nn.Module):
         self.hidden = _linear(cell.weight_hh, cell.bias_hh)
 
     def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        from_input = x[:, :self.gates] + self.feed(x[:, self.gates:])
-        return gru_update(from_input, self.hidden(hidden), hidden)
+        from_input = x[:, :self.gates] + product(self.feed, x[:, self.gates:])
+        return gru_update(from_input, product(self.hidden, hidden), hidden)
 
 
 class FoldedGlobalAttention(nn.Module):
@@ -242,7 +242,7 @@ class FoldedGlobalAttention(nn.Module):
         else:
             align = torch.bmm(grouped, keys.transpose(1, 2))
         weights = torch.softmax(align.masked_fill(src_mask, float("-inf")), dim=-1)
-        output = torch.bmm(weights, values).view(batch, length, dim) + self.query_out(query)
+        output = torch.bmm(weights, values).view(batch, length, dim) + product(self.query_out, query)
         if self.attn.attn_type != "mlp":
             output = torch.tanh(output)
         return output, weights.view(batch, length, -1)

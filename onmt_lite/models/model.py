@@ -148,7 +148,8 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     if int8:
         with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
             warnings.simplefilter("ignore")
-            layers = {nn.Linear, nn.LSTMCell, nn.GRUCell} if fast or compile else {nn.Linear}
+            layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
+                else {nn.Linear}
             model = torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
                                                            inplace=True)
     return model
