@@ -95,7 +95,8 @@ def summarize(name, runs, output, args):
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
     t = stats("translate_s")
-    return {"name": name, "translate_s": t, "process_s": stats("process_s"),
+    return {"name": name, "translate_s": t, "translate_runs": [r["translate_s"] for r in runs],
+            "process_s": stats("process_s"),
             "peak_rss_mib": stats("peak_rss_mib"), "peak_rss_sum_mib": stats("peak_rss_sum_mib"),
             "peak_pss_sum_mib": stats("peak_pss_sum_mib"),
             "sents_per_s": len(hyps) / t["median"], "tokens_per_s": tokens / t["median"],
@@ -416,9 +417,26 @@ def main(argv=None):
               f"{r['peak_pss_sum_mib']['median']:8.0f} "
               f"{r['bleu']:6.2f} {r['speedup_vs_first']:7.2f}x "
               f"{100 * r['identical_to_first']:9.1f}%")
+    peers = [r for r in results if not r["name"].startswith("onmt_lite")]
+    if peers:
+        print("onmt_lite's time as a share of each peer's, per round (runs of one round are "
+              "neighbours in time), median (min-max):")
+    for r in results:
+        if r["name"].startswith("onmt_lite"):
+            r["paired_vs"] = {peer["name"]: paired_ratio(r, peer) for peer in peers}
+            print(f"  {r['name']:34} " + "  ".join(
+                f"{name}: {q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})"
+                for name, q in r["paired_vs"].items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
+
+
+def paired_ratio(result: dict, peer: dict) -> dict:
+    """result's translation time over peer's, round by round: a machine that slows down for a
+    while slows both runs of a round, so the ratio varies less than the times do."""
+    ratios = [a / b for a, b in zip(result["translate_runs"], peer["translate_runs"])]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 if __name__ == "__main__":

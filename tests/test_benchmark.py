@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, tiny_checkpoint
 
 
@@ -116,3 +117,13 @@ def test_benchmark_startup_mode(tmp_path):
         "exact", "-fast", "-compile, empty compile cache", "-compile, warm compile cache",
         "-compile, no C++ compiler"]
     assert all(r["process_s"] > 0 for r in rows)
+
+
+def test_paired_ratios_are_taken_round_by_round():
+    """A slow round slows both of its runs: the per-round ratios stay 0.5 where the medians of
+    the times alone would give 0.4."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from translate_bench import paired_ratio
+    ours = {"translate_runs": [1.0, 4.0, 1.2]}
+    peer = {"translate_runs": [2.0, 8.0, 3.0]}
+    assert paired_ratio(ours, peer) == pytest.approx({"median": 0.5, "min": 0.4, "max": 0.5})
