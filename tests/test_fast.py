@@ -49,6 +49,8 @@ def test_the_fast_step_finds_the_exact_hypotheses(opt, src_vocab, tgt_vocab):
     decoder = translator.model.decoder
     assert isinstance(decoder.layers[0], fast.FastDecoderLayer) if "heads" in opt \
         else isinstance(decoder.attn, fast.FoldedGlobalAttention)
+    if opt.get("rnn_type") == "LSTM":
+        assert isinstance(decoder.rnn.layers[1], fast.JoinedLSTMCell)
     quick = translator.translate(lines, tgt=lines, batch_size=7)
     for a, b in zip(exact, quick):
         assert a.preds == b.preds

@@ -1,9 +1,11 @@
 """The fast path (``-fast``, ``-compile``): the decoder's step rebuilt for speed, judged by BLEU
-and by the share of lines identical to exact decoding rather than by equality.
+and by the share of lines identical to exact decoding rather than by equality. Products and norms
+are called as functions (``product``, ``layer_norm``), not through their modules: at a step's
+few rows the module machinery costs as much as the product.
 
 Transformer:
 - One product for each self-attention's queries, keys and values (its three weights side by
-  side, the query scale folded in).
+  side, the query scale folded in); the context attention's query scale folded in too.
 - A step's self-attention over fewer than 8 cached positions by elementwise products and sums:
   batched matrix products of one query row with so few keys take 3-4x longer (MKL).
 - With ``-compile``, the position-wise blocks between the attentions compiled by
@@ -16,11 +18,12 @@ RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fol
 rounding:
 - the first cell's product with the embedding looked up in a table made at load (one row per
   target word: its embedding's product plus the biases), at most MAX_TABLE_BYTES;
+- each LSTM cell above it: one product over its input and hidden state side by side, not two;
 - the attention's products with the memory made once per batch, not once per step: the
   ``general`` score's query projection moved onto the memory ((W q).m = q.(W^T m)), and the
   output projection's context half, since the context is a weighted sum of memory rows;
-- with ``-int8``, the LSTM and GRU cells quantised as well as the linear layers (see
-  model.for_inference).
+- with ``-int8``, the decoder's cells and the encoder's LSTM or GRU quantised as well as the
+  linear layers (see model.for_inference).
 """
 import logging
 import math
@@ -202,6 +205,20 @@ class FoldedLSTMCell(nn.Module):
         return lstm_update(x[:, :self.gates] + rest, cell)
 
 
+class JoinedLSTMCell(nn.Module):
+    """An LSTM cell above the first: its two products made as one, over its input and its
+    hidden state side by side (the two biases summed)."""
+
+    def __init__(self, cell: nn.LSTMCell):
+        super().__init__()
+        self.product = _linear(torch.cat([cell.weight_ih, cell.weight_hh], 1),
+                               None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
+
+    def forward(self, x: torch.Tensor, state):
+        hidden, cell = state
+        return lstm_update(product(self.product, torch.cat([x, hidden], dim=1)), cell)
+
+
 class FoldedGRUCell(nn.Module):
     """FoldedLSTMCell's GRU twin: x = [the word's table row (3H); the input feed (H)]."""
 
@@ -267,6 +284,9 @@ def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
             table = nn.functional.linear(embedding, first.weight_ih[:, :-feed], bias)
         decoder.embeddings = nn.Embedding.from_pretrained(table, freeze=True)
         cells.layers[0] = (FoldedLSTMCell if cells.is_lstm else FoldedGRUCell)(first, feed)
+    if cells.is_lstm:
+        for i in range(1, len(cells.layers)):
+            cells.layers[i] = JoinedLSTMCell(cells.layers[i])
     decoder.attn = FoldedGlobalAttention(decoder.attn)
 
 
