@@ -16,8 +16,9 @@ def run_script(name: str, *args) -> subprocess.CompletedProcess:
 
 def test_benchmark_smoke(tmp_path):
     ckpt = tiny_checkpoint(tmp_path / "m.pt")
-    (tmp_path / "src").write_text("a b c\nd e\nf a b c\n")
-    (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n")
+    # enough lines that the worker processes live through several of the 50 ms memory samples
+    (tmp_path / "src").write_text("a b c\nd e\nf a b c\n" * 100)
+    (tmp_path / "ref").write_text("A B C\nD E\nF A B C\n" * 100)
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "translate_bench.py"), "-model", ckpt,
