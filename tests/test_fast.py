@@ -215,3 +215,11 @@ def test_fast_layers_hold_no_state_between_threads(src_vocab, tgt_vocab):
                            inter_threads=n) for n in (1, 2))
     assert [t.preds for t in one.translate(lines, batch_size=4)] == \
         [t.preds for t in two.translate(lines, batch_size=4)]
+
+
+def test_tanh_from_a_sigmoid_is_tanh_within_rounding():
+    x = torch.cat([torch.linspace(-60, 60, 2001), torch.randn(1000)])
+    kept = x.clone()
+    assert torch.allclose(fast.sigmoid_tanh(x), torch.tanh(x), rtol=0, atol=3e-7)
+    assert torch.equal(x, kept)  # its input untouched
+    assert fast.sigmoid_tanh(torch.tensor([-60.0, 0.0, 60.0])).tolist() == [-1.0, 0.0, 1.0]

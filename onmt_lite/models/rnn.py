@@ -45,20 +45,21 @@ class RNNEncoder(nn.Module):
         return memory, finals
 
 
-def lstm_update(gates: torch.Tensor, cell: torch.Tensor):
+def lstm_update(gates: torch.Tensor, cell: torch.Tensor, tanh=torch.tanh):
     """An LSTM cell's new hidden and cell state from its gate pre-activations (B, 4H)."""
     i, f, g, o = gates.chunk(4, dim=1)
-    cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(cell), cell
+    cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * tanh(g)
+    return torch.sigmoid(o) * tanh(cell), cell
 
 
-def gru_update(from_input: torch.Tensor, from_hidden: torch.Tensor, hidden: torch.Tensor):
+def gru_update(from_input: torch.Tensor, from_hidden: torch.Tensor, hidden: torch.Tensor,
+               tanh=torch.tanh):
     """A GRU cell's new hidden state from its input's and its hidden state's products (B, 3H):
     the reset gate scales the hidden state's share of the candidate."""
     xr, xz, xn = from_input.chunk(3, dim=1)
     hr, hz, hn = from_hidden.chunk(3, dim=1)
     reset, update = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-    new = torch.tanh(xn + reset * hn)
+    new = tanh(xn + reset * hn)
     return new + update * (hidden - new)
 
 
