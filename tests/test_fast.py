@@ -223,3 +223,30 @@ def test_tanh_from_a_sigmoid_is_tanh_within_rounding():
     assert torch.allclose(fast.sigmoid_tanh(x), torch.tanh(x), rtol=0, atol=3e-7)
     assert torch.equal(x, kept)  # its input untouched
     assert fast.sigmoid_tanh(torch.tensor([-60.0, 0.0, 60.0])).tolist() == [-1.0, 0.0, 1.0]
+
+
+def test_a_product_without_the_module_call_is_the_module_call():
+    import warnings
+    torch.manual_seed(0)
+    linear, cell = torch.nn.Linear(8, 5), torch.nn.LSTMCell(8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        int8 = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear),
+                                                      {torch.nn.Linear}, dtype=torch.qint8)[0]
+    x = torch.randn(3, 8)
+    assert torch.equal(fast.product(linear, x), linear(x))
+    assert torch.equal(fast.product(int8, x), int8(x))
+    assert not torch.equal(int8(x), linear(x))  # the int8 branch is not F.linear
+    assert torch.equal(fast.product(cell, x)[0], cell(x)[0])  # any other module: its call
+
+
+def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab):
+    from torch.ao.nn.quantized.dynamic import LSTM as DynamicQuantizedLSTM
+    opt = TINY_RNNS["brnn-LSTM-general"]
+    model = for_inference(make_model(opt, src_vocab, tgt_vocab), "cpu", int8=True, fast=True)
+    assert isinstance(model.encoder.rnn, DynamicQuantizedLSTM)
+    exact_int8 = for_inference(make_model(opt, src_vocab, tgt_vocab), "cpu", int8=True)
+    assert type(exact_int8.encoder.rnn) is torch.nn.LSTM  # -int8 alone keeps exact's encoder
+    lines = _lines(10, 5)
+    quick = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3))
+    assert all(t.preds[0] for t in quick.translate(lines))

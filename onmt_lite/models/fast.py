@@ -141,7 +141,6 @@ class FastDecoderLayer(Residual):
         self.layer_norm_1, self.layer_norm_2 = layer.layer_norm_1, layer.layer_norm_2
         self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
         self.feed_forward = layer.feed_forward
-        self.activation = layer.feed_forward.activation
         attn = layer.self_attn
         scale = 1 / math.sqrt(attn.dim_per_head)  # 1/8 for 64 per head: exact
         parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
@@ -156,27 +155,27 @@ class FastDecoderLayer(Residual):
 
     def _project(self, x: torch.Tensor):
         """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each."""
-        qkv = product(self.qkv, self._before(self.layer_norm_1, x))
+        qkv = product(self.qkv, self.before(self.layer_norm_1, x))
         return tuple(self.self_attn.split_heads(part) for part in qkv.chunk(3, dim=-1))
 
     def _between(self, context: torch.Tensor, x: torch.Tensor):
         """The self-attention's contexts (B, T, H) -> the layer's state after it and the
         context attention's scaled queries."""
-        query = self._after(self.layer_norm_1, product(self.self_attn.final_linear, context) + x)
-        normed = self._before(self.layer_norm_2, query)
+        query = self.after(self.layer_norm_1, product(self.self_attn.final_linear, context) + x)
+        normed = self.before(self.layer_norm_2, query)
         return query, self.context_attn.split_heads(product(self.context_query, normed))
 
     def _finish(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        out = self._after(self.layer_norm_2,
+        out = self.after(self.layer_norm_2,
                           product(self.context_attn.final_linear, context) + query)
         ff = self.feed_forward
-        inner = self.activation(product(ff.w_1, self._before(ff.layer_norm, out)))
-        return self._after(ff.layer_norm, product(ff.w_2, inner) + out)
+        inner = ff.activation(product(ff.w_1, self.before(ff.layer_norm, out)))
+        return self.after(ff.layer_norm, product(ff.w_2, inner) + out)
 
-    def _before(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    def before(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # as Residual's
         return layer_norm(norm, x) if self.pre_norm else x
 
-    def _after(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    def after(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         return x if self.pre_norm else layer_norm(norm, x)
 
     def self_attention(self, q, keys, values, mask) -> torch.Tensor:
