@@ -94,6 +94,19 @@ def test_fast_and_int8_together(src_vocab, tgt_vocab):
     assert [t.preds for t in int8.translate(lines)] == [t.preds for t in both.translate(lines)]
 
 
+def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
+    """torch.compile would split its code at every int8 product: -compile -int8 says so in one
+    line and runs the blocks uncompiled, with every product in int8."""
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
+    with caplog.at_level(logging.WARNING, logger="onmt_lite"):
+        model = for_inference(model, "cpu", int8=True, compile=True)
+    assert [r.getMessage() for r in caplog.records] == [f"-compile -int8: {fast.INT8_UNCOMPILED}"]
+    layer = model.decoder.layers[0]
+    assert isinstance(layer, fast.FastDecoderLayer)
+    assert layer.project.__func__ is fast.FastDecoderLayer._project  # not a compiled wrapper
+    assert type(layer.qkv) is fast.DynamicQuantizedLinear
+
+
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):
     from torch._inductor import config
     monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-c++-compiler"))

@@ -12,7 +12,8 @@ Transformer:
   ``torch.compile`` (Inductor) where a C++ compiler is found: with dynamic shapes, so one
   compilation serves every number of rows and every length; the code is kept in a cache
   directory, so a later process loads it instead of compiling. Without a compiler the same
-  blocks run uncompiled, after one line that says so.
+  blocks run uncompiled, after one line that says so; so do they with ``-int8`` (see
+  INT8_UNCOMPILED).
 
 RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
 rounding:
@@ -97,10 +98,15 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Lin
     return linear
 
 
-# torch's int8 product, and the C++ function behind it: the torch.ops entry point spends ~12 us
-# a call looking for the stand-in arguments that only torch.compile's tracing passes
-INT8_LINEAR = torch.ops.quantized.linear_dynamic
-INT8_LINEAR_EAGER = getattr(INT8_LINEAR, "_op", INT8_LINEAR)
+# torch.compile cannot trace an int8 product's packed weights: it splits its code at each one
+# (the transformer fixture's step: 20-25% slower than uncompiled)
+INT8_UNCOMPILED = ("torch.compile would split its code at every int8 product, slower than "
+                   "running uncompiled: the -fast -int8 step runs uncompiled")
+
+# torch's int8 product as its C++ function: the torch.ops entry point spends ~12 us a call
+# looking for the stand-in arguments that only torch.compile's tracing passes
+INT8_LINEAR = getattr(torch.ops.quantized.linear_dynamic, "_op",
+                      torch.ops.quantized.linear_dynamic)
 
 
 def product(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +116,7 @@ def product(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if kind is nn.Linear:
         return nn.functional.linear(x, linear.weight, linear.bias)
     if kind is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
-        op = INT8_LINEAR if torch.compiler.is_compiling() else INT8_LINEAR_EAGER
-        return op(x, linear._packed_params._packed_params, True)
+        return INT8_LINEAR(x, linear._packed_params._packed_params, True)
     return linear(x)
 
 
@@ -299,12 +304,17 @@ def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
     decoder.attn = FoldedGlobalAttention(decoder.attn)
 
 
-def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "") -> nn.Module:
+def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "",
+            int8: bool = False) -> nn.Module:
     """Puts a decoder on the fast path, in place: a TransformerDecoder's layers, compiled if
-    ``compile``; an input-feeding RNN decoder's folds (uncompiled). Returns the decoder."""
+    ``compile`` and not ``int8`` (to be quantised next); an input-feeding RNN decoder's folds
+    (uncompiled). Returns the decoder."""
     if isinstance(decoder, InputFeedRNNDecoder):
         fold_rnn(decoder)
     elif isinstance(decoder, TransformerDecoder):
+        if compile and int8:
+            logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
+            compile = False
         compile = compiler(cache_dir) if compile else (lambda fn: fn)
         decoder.layers = nn.ModuleList(FastDecoderLayer(layer, compile)
                                        for layer in decoder.layers)

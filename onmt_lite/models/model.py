@@ -142,7 +142,7 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
         raise ValueError(f"-int8 and -precision {precision} exclude each other")
     model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
     if fast or compile:
-        to_fast(model.decoder, compile, compile_cache)
+        to_fast(model.decoder, compile, compile_cache, int8)
     if precision == "bf16" and not on_gpu:
         to_bfloat16(model)
     if int8:
