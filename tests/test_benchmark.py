@@ -128,3 +128,14 @@ def test_paired_ratios_are_taken_round_by_round():
     ours = {"translate_runs": [1.0, 4.0, 1.2]}
     peer = {"translate_runs": [2.0, 8.0, 3.0]}
     assert paired_ratio(ours, peer) == pytest.approx({"median": 0.5, "min": 0.4, "max": 0.5})
+
+
+def test_the_memory_sampler_reads_pss_only_when_asked():
+    """PSS walks every page table (40 ms over a process and two workers): the 50 ms samples
+    read RSS alone, PSS only at the sparse times child() asks for it."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from translate_bench import tree_memory_mib
+    rss, pss = tree_memory_mib(os.getpid())
+    assert rss > 0 and pss == 0
+    rss, pss = tree_memory_mib(os.getpid(), pss=True)
+    assert 0 < pss <= rss * 1.1
