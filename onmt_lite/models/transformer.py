@@ -140,6 +140,10 @@ class DecoderLayer(Residual):
         self.feed_forward = FeedForward(dim, ff_dim, dropout, ffn_bias, eps, activation, pre_norm)
         self.dropout = nn.Dropout(dropout)
 
+    def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The context attention's keys and values of the memory, as ``forward`` takes them."""
+        return self.context_attn.project_kv(memory)
+
     def forward(self, x, cache: Optional[KVCache], index: int, self_mask, mem_kv, src_mask,
                 group: int):
         """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv`` (one row per
@@ -188,7 +192,7 @@ class TransformerDecoder(nn.Module):
         self.state = new_state(memory.size(0), memory.device)
         self.state["src_mask"] = padding_mask(src_len, memory.size(1)).unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            keys, values = layer.context_attn.project_kv(memory)
+            keys, values = layer.memory_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
             self.state[f"memory_values.{i}"] = values
         self.group = 1
