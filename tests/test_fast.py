@@ -259,7 +259,7 @@ def test_a_product_without_the_module_call_is_the_module_call():
 @pytest.mark.parametrize("length", [1, 3])
 def test_the_context_attention_is_the_multi_headed_attention(length, src_vocab, tgt_vocab):
     """Transposed keys and the mask as a bias inside the product: the contexts and weights of
-    MultiHeadedAttention, for a group of rows per source row; the bias follows the mask."""
+    MultiHeadedAttention, for a group of rows per source row."""
     from onmt_lite.models.rnn import padding_mask
     layer = make_model(MARIAN_LIKE, src_vocab, tgt_vocab).decoder.layers[0]
     quick, attn = fast.FastDecoderLayer(layer), layer.context_attn
@@ -267,14 +267,13 @@ def test_the_context_attention_is_the_multi_headed_attention(length, src_vocab, 
     queries = torch.randn(3 * group, length, 16)  # the scaled queries, heads not split
     for src_len in ([7, 4, 2], [3, 7, 5]):
         mask = padding_mask(torch.tensor(src_len), 7).unsqueeze(1)
-        context, weights = quick.context_attention(queries, *quick.memory_kv(memory), mask, group)
+        context, weights = quick.context_attention(queries, *quick.memory_kv(memory),
+                                                   quick.source_mask(mask), group)
         expected, expected_weights = attn.attention(attn.split_heads(queries),
                                                     *attn.project_kv(memory), mask, group)
         assert torch.allclose(context, attn.merge_heads(expected, 3 * group, length), atol=1e-6)
         assert torch.allclose(weights, expected_weights, atol=1e-6)
         assert (weights[1, :, :, src_len[1]:] == 0).all()
-        bias = quick.source_bias(mask)
-        assert quick.source_bias(mask) is bias  # made once per mask
 
 
 def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab):

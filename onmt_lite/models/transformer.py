@@ -144,6 +144,10 @@ class DecoderLayer(Residual):
         """The context attention's keys and values of the memory, as ``forward`` takes them."""
         return self.context_attn.project_kv(memory)
 
+    def source_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The source mask (B, 1, 1, S), True at padding, as ``forward`` takes it."""
+        return mask
+
     def forward(self, x, cache: Optional[KVCache], index: int, self_mask, mem_kv, src_mask,
                 group: int):
         """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv`` (one row per
@@ -190,7 +194,8 @@ class TransformerDecoder(nn.Module):
         """Projects the memory keys/values once per sentence; empties the self-attention cache."""
         self.position = 0
         self.state = new_state(memory.size(0), memory.device)
-        self.state["src_mask"] = padding_mask(src_len, memory.size(1)).unsqueeze(1)
+        self.state["src_mask"] = self.layers[0].source_mask(  # the same for every layer
+            padding_mask(src_len, memory.size(1)).unsqueeze(1))
         for i, layer in enumerate(self.layers):
             keys, values = layer.memory_kv(memory)
             self.state[f"memory_keys.{i}"] = keys
