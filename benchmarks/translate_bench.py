@@ -22,6 +22,7 @@ never dependencies of onmt_lite.
 """
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -428,12 +429,13 @@ def main(argv=None):
     peers = [r for r in results if not r["name"].startswith("onmt_lite")]
     if peers:
         print("onmt_lite's time as a share of each peer's, per round (runs of one round are "
-              "neighbours in time), median (min-max):")
+              "neighbours in time), median (min-max), rounds faster, sign test p:")
     for r in results:
         if r["name"].startswith("onmt_lite"):
             r["paired_vs"] = {peer["name"]: paired_ratio(r, peer) for peer in peers}
             print(f"  {r['name']:34} " + "  ".join(
-                f"{name}: {q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})"
+                f"{name}: {q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f}) "
+                f"{q['faster']}/{q['rounds']} p={q['sign_p']:.3f}"
                 for name, q in r["paired_vs"].items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -442,9 +444,15 @@ def main(argv=None):
 
 def paired_ratio(result: dict, peer: dict) -> dict:
     """result's translation time over peer's, round by round: a machine that slows down for a
-    while slows both runs of a round, so the ratio varies less than the times do."""
+    while slows both runs of a round, so the ratio varies less than the times do. ``faster``:
+    the rounds result won; ``sign_p``: the chance of a split at least as uneven between two
+    configurations equally fast (a two-sided sign test): "ahead" needs it small, not a median
+    below 1."""
     ratios = [a / b for a, b in zip(result["translate_runs"], peer["translate_runs"])]
-    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    faster, rounds = sum(r < 1 for r in ratios), len(ratios)
+    tail = sum(math.comb(rounds, i) for i in range(min(faster, rounds - faster) + 1))
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "faster": faster, "rounds": rounds, "sign_p": min(1.0, 2 * tail / 2 ** rounds)}
 
 
 if __name__ == "__main__":

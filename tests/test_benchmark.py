@@ -127,7 +127,20 @@ def test_paired_ratios_are_taken_round_by_round():
     from translate_bench import paired_ratio
     ours = {"translate_runs": [1.0, 4.0, 1.2]}
     peer = {"translate_runs": [2.0, 8.0, 3.0]}
-    assert paired_ratio(ours, peer) == pytest.approx({"median": 0.5, "min": 0.4, "max": 0.5})
+    assert paired_ratio(ours, peer) == pytest.approx(
+        {"median": 0.5, "min": 0.4, "max": 0.5, "faster": 3, "rounds": 3, "sign_p": 0.25})
+
+
+def test_a_sign_test_tells_ahead_from_level():
+    """Ten rounds won of ten: p = 2 / 1024; six of ten: p = 2 x 386 / 1024 (the five sums of
+    choosing 0-4 of 10), too likely a split between two equally fast configurations."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from translate_bench import paired_ratio
+    peer = {"translate_runs": [1.0] * 10}
+    ahead = paired_ratio({"translate_runs": [0.9] * 10}, peer)
+    level = paired_ratio({"translate_runs": [0.9] * 6 + [1.1] * 4}, peer)
+    assert (ahead["faster"], ahead["sign_p"]) == (10, pytest.approx(2 / 1024))
+    assert (level["faster"], level["sign_p"]) == (6, pytest.approx(2 * 386 / 1024))
 
 
 def test_the_memory_sampler_reads_pss_only_when_asked():
