@@ -333,7 +333,31 @@ def markdown(paths) -> str:
                         f"| {r['peak_rss_mib']['median']:.0f} | {r['bleu']:.2f} "
                         f"| {100 * r['identical_to_first']:.1f}% |")
             model = ""
-    return "\n".join(rows)
+    paired = paired_markdown(paths)
+    return "\n".join(rows) + (f"\n\n{paired}" if paired else "")
+
+
+def paired_markdown(paths) -> str:
+    """The README's round-by-round table: each onmt_lite configuration's time as a share of each
+    peer's, median (min-max), rounds won of all and the sign test's p; "" without peers."""
+    tables = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+        model = os.path.splitext(os.path.basename(path))[0]
+        peers = [r["name"] for r in results if not r["name"].startswith("onmt_lite")]
+        if not peers:
+            continue
+        rows = [f"| {model} | " + " | ".join(f"vs {peer}" for peer in peers) + " |",
+                "|---" * (len(peers) + 1) + "|"]
+        for r in results:
+            if r.get("paired_vs"):
+                rows.append(f"| {r['name'].removeprefix('onmt_lite ')} | " + " | ".join(
+                    f"{q['median']:.2f} ({q['min']:.2f}–{q['max']:.2f}), {q['faster']}/"
+                    f"{q['rounds']}, p {q['sign_p']:.2g}"
+                    for q in (r["paired_vs"][peer] for peer in peers)) + " |")
+        tables.append("\n".join(rows))
+    return "\n\n".join(tables)
 
 
 def main(argv=None):

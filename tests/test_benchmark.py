@@ -143,6 +143,23 @@ def test_a_sign_test_tells_ahead_from_level():
     assert (level["faster"], level["sign_p"]) == (6, pytest.approx(2 * 386 / 1024))
 
 
+def test_the_table_gives_each_peer_comparison_round_by_round(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from translate_bench import markdown, paired_ratio
+    times = {"median": 1.0, "min": 1.0, "max": 1.0}
+    ours = {"name": "onmt_lite fast", "translate_runs": [0.9] * 10}
+    peer = {"name": "CT2 int8 2x1", "translate_runs": [1.0] * 6 + [0.8] * 4}
+    ours["paired_vs"] = {peer["name"]: paired_ratio(ours, peer)}
+    for r in (ours, peer):
+        r.update(translate_s=times, process_s=times, peak_rss_mib=times, tokens_per_s=1000,
+                 bleu=30.0, identical_to_first=1.0)
+    path = tmp_path / "transformer.json"
+    path.write_text(json.dumps([ours, peer]))
+    rows = markdown([str(path)]).splitlines()
+    assert rows[-3:] == ["| transformer | vs CT2 int8 2x1 |", "|---|---|",
+                         "| fast | 0.90 (0.90–1.12), 6/10, p 0.75 |"]
+
+
 def test_the_memory_sampler_reads_pss_only_when_asked():
     """PSS walks every page table (40 ms over a process and two workers): the 50 ms samples
     read RSS alone, PSS only at the sparse times child() asks for it."""
