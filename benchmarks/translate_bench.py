@@ -319,13 +319,15 @@ NO_COMPILER = {"compiled-no-compiler-workers"}  # run with CXX pointing nowhere
 
 
 def markdown(paths) -> str:
-    """The README's speed table from -json result files, one per model."""
-    rows = ["| model | configuration (2 cores) | translate s | process s | tokens/s | peak RSS MiB "
-            "| BLEU | lines as exact |", "|---|---|---|---|---|---|---|---|"]
+    """The README's speed tables from -json result files, one per model (named after its file):
+    the times, then the round-by-round comparisons with the peers."""
+    runs = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            results = json.load(f)
-        model = os.path.splitext(os.path.basename(path))[0]
+            runs.append((os.path.splitext(os.path.basename(path))[0], json.load(f)))
+    rows = ["| model | configuration (2 cores) | translate s | process s | tokens/s | peak RSS MiB "
+            "| BLEU | lines as exact |", "|---|---|---|---|---|---|---|---|"]
+    for model, results in runs:
         for r in results:
             t = r["translate_s"]
             rows.append(f"| {model} | {r['name']} | {t['median']:.2f} ({t['min']:.2f}–{t['max']:.2f}) "
@@ -333,31 +335,24 @@ def markdown(paths) -> str:
                         f"| {r['peak_rss_mib']['median']:.0f} | {r['bleu']:.2f} "
                         f"| {100 * r['identical_to_first']:.1f}% |")
             model = ""
-    paired = paired_markdown(paths)
-    return "\n".join(rows) + (f"\n\n{paired}" if paired else "")
+    return "\n\n".join(["\n".join(rows)] + [paired_markdown(model, results)
+                                             for model, results in runs
+                                             if any(r.get("paired_vs") for r in results)])
 
 
-def paired_markdown(paths) -> str:
-    """The README's round-by-round table: each onmt_lite configuration's time as a share of each
-    peer's, median (min-max), rounds won of all and the sign test's p; "" without peers."""
-    tables = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            results = json.load(f)
-        model = os.path.splitext(os.path.basename(path))[0]
-        peers = [r["name"] for r in results if not r["name"].startswith("onmt_lite")]
-        if not peers:
-            continue
-        rows = [f"| {model} | " + " | ".join(f"vs {peer}" for peer in peers) + " |",
-                "|---" * (len(peers) + 1) + "|"]
-        for r in results:
-            if r.get("paired_vs"):
-                rows.append(f"| {r['name'].removeprefix('onmt_lite ')} | " + " | ".join(
-                    f"{q['median']:.2f} ({q['min']:.2f}–{q['max']:.2f}), {q['faster']}/"
-                    f"{q['rounds']}, p {q['sign_p']:.2g}"
-                    for q in (r["paired_vs"][peer] for peer in peers)) + " |")
-        tables.append("\n".join(rows))
-    return "\n\n".join(tables)
+def paired_markdown(model: str, results: list) -> str:
+    """One model's round-by-round table: each onmt_lite configuration's time as a share of each
+    peer's, median (min-max), rounds won of all and the sign test's p."""
+    peers = [r["name"] for r in results if not r["name"].startswith("onmt_lite")]
+    rows = [f"| {model} | " + " | ".join(f"vs {peer}" for peer in peers) + " |",
+            "|---" * (len(peers) + 1) + "|"]
+    for r in results:
+        if r.get("paired_vs"):
+            rows.append(f"| {r['name'].removeprefix('onmt_lite ')} | " + " | ".join(
+                f"{q['median']:.2f} ({q['min']:.2f}–{q['max']:.2f}), {q['faster']}/"
+                f"{q['rounds']}, p {q['sign_p']:.2g}"
+                for q in (r["paired_vs"][peer] for peer in peers)) + " |")
+    return "\n".join(rows)
 
 
 def main(argv=None):
