@@ -94,6 +94,29 @@ def test_fast_and_int8_together(src_vocab, tgt_vocab):
     assert [t.preds for t in int8.translate(lines)] == [t.preds for t in both.translate(lines)]
 
 
+@pytest.mark.parametrize("inter_threads", [1, 2])
+def test_int8_products_are_not_searched_for_overrides(src_vocab, tgt_vocab, inter_threads):
+    """Every decoder step runs in inference mode with subclass overrides off, on each thread:
+    torch would otherwise look for __torch_function__ on an int8 product's packed weights (a
+    TorchScript object) at every call."""
+    translator = _translator(TINY_TRANSFORMER, src_vocab, tgt_vocab, True, int8=True)
+    translator.inter_threads = inter_threads
+    seen, step = set(), type(translator.model.decoder).step
+
+    def recording_step(decoder, tokens):
+        seen.add((torch.is_inference_mode_enabled(), torch._C._is_torch_function_enabled()))
+        return step(decoder, tokens)
+
+    type(translator.model.decoder).step = recording_step
+    try:
+        plain = [t.preds for t in translator.translate(_lines(12, 4), batch_size=3)]
+    finally:
+        type(translator.model.decoder).step = step
+    assert seen == {(True, False)}
+    assert torch._C._is_torch_function_enabled()  # and on again after
+    assert plain == [t.preds for t in translator.translate(_lines(12, 4), batch_size=3)]
+
+
 def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
     """torch.compile would split its code at every int8 product: -compile -int8 says so in one
     line and runs the blocks uncompiled, with every product in int8."""

@@ -16,7 +16,7 @@ from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.constants import EOS
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.models.ensemble import EnsembleModel
-from onmt_lite.models.model import for_inference, replica
+from onmt_lite.models.model import for_inference, inference, replica
 from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
 from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
@@ -340,7 +340,7 @@ class Translator:
             yield empties
 
     # -- one batch ------------------------------------------------------------------------
-    @torch.inference_mode()
+    @inference()
     def _translate_batch(self, indices: List[int], src_tokens, tgt_tokens,
                          offset: int = 0) -> List[Translation]:
         """Translates lines ``indices`` of a shard that starts at input line ``offset``."""
