@@ -23,7 +23,8 @@ from onmt_lite.translate.translator import build_translator
 GROUPS = {  # operation name -> group; anything else is "other operations"
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
                         "aten::mkldnn_rnn_layer", "mkldnn::_linear_pointwise",
-                        "quantized::linear_dynamic", "aten::_int_mm"),
+                        "quantized::linear_dynamic", "quantized::linear_relu_dynamic",
+                        "aten::_int_mm"),
     "softmax, log_softmax": ("aten::_softmax", "aten::_log_softmax"),
     "copies and row selections": ("aten::copy_", "aten::index_select", "aten::cat",
                                   "aten::gather", "aten::index_copy_", "aten::index_put_",

@@ -89,6 +89,23 @@ def test_profile_decode_groups_the_time(tmp_path):
     assert "matrix products" in proc.stdout
 
 
+def test_the_profile_counts_each_kind_of_product_as_a_product():
+    """Time in a product's own operations and in the operations it calls is the product's,
+    the int8 product with its relu (-fast -int8's first feed-forward product) included."""
+    from types import SimpleNamespace
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from profile_decode import group_times
+
+    def event(name, us, parent=None):
+        return SimpleNamespace(name=name, self_cpu_time_total=us, cpu_parent=parent)
+    relu_product = event("quantized::linear_relu_dynamic", 300)
+    events = [event("quantized::linear_dynamic", 200), relu_product,
+              event("aten::empty", 50, relu_product), event("aten::add", 100)]
+    times = group_times(events)
+    assert times["matrix products"] == pytest.approx(550e-6)
+    assert times["other operations"] == pytest.approx(100e-6)
+
+
 def test_threads_benchmark_smoke(tmp_path):
     ckpt = tiny_checkpoint(tmp_path / "m.pt")
     (tmp_path / "src").write_text("a b c\nd e\nf a b c\nb b\n")
