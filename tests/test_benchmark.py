@@ -3,9 +3,14 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, tiny_checkpoint
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from profile_decode import group_times  # noqa: E402
+from translate_bench import markdown, paired_ratio, tree_memory_mib  # noqa: E402
 
 
 def run_script(name: str, *args) -> subprocess.CompletedProcess:
@@ -92,9 +97,6 @@ def test_profile_decode_groups_the_time(tmp_path):
 def test_the_profile_counts_each_kind_of_product_as_a_product():
     """Time in a product's own operations and in the operations it calls is the product's,
     the int8 product with its relu (-fast -int8's first feed-forward product) included."""
-    from types import SimpleNamespace
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from profile_decode import group_times
 
     def event(name, us, parent=None):
         return SimpleNamespace(name=name, self_cpu_time_total=us, cpu_parent=parent)
@@ -140,8 +142,6 @@ def test_benchmark_startup_mode(tmp_path):
 def test_paired_ratios_are_taken_round_by_round():
     """A slow round slows both of its runs: the per-round ratios stay 0.5 where the medians of
     the times alone would give 0.4."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from translate_bench import paired_ratio
     ours = {"translate_runs": [1.0, 4.0, 1.2]}
     peer = {"translate_runs": [2.0, 8.0, 3.0]}
     assert paired_ratio(ours, peer) == pytest.approx(
@@ -151,8 +151,6 @@ def test_paired_ratios_are_taken_round_by_round():
 def test_a_sign_test_tells_ahead_from_level():
     """Ten rounds won of ten: p = 2 / 1024; six of ten: p = 2 x 386 / 1024 (the five sums of
     choosing 0-4 of 10), too likely a split between two equally fast configurations."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from translate_bench import paired_ratio
     peer = {"translate_runs": [1.0] * 10}
     ahead = paired_ratio({"translate_runs": [0.9] * 10}, peer)
     level = paired_ratio({"translate_runs": [0.9] * 6 + [1.1] * 4}, peer)
@@ -161,8 +159,6 @@ def test_a_sign_test_tells_ahead_from_level():
 
 
 def test_the_table_gives_each_peer_comparison_round_by_round(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from translate_bench import markdown, paired_ratio
     times = {"median": 1.0, "min": 1.0, "max": 1.0}
     ours = {"name": "onmt_lite fast", "translate_runs": [0.9] * 10}
     peer = {"name": "CT2 int8 2x1", "translate_runs": [1.0] * 6 + [0.8] * 4}
@@ -180,8 +176,6 @@ def test_the_table_gives_each_peer_comparison_round_by_round(tmp_path):
 def test_the_memory_sampler_reads_pss_only_when_asked():
     """PSS walks every page table (40 ms over a process and two workers): the 50 ms samples
     read RSS alone, PSS only at the sparse times child() asks for it."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from translate_bench import tree_memory_mib
     rss, pss = tree_memory_mib(os.getpid())
     assert rss > 0 and pss == 0
     rss, pss = tree_memory_mib(os.getpid(), pss=True)
