@@ -15,6 +15,7 @@ from onmt_lite.checkpoint import CheckpointError
 from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
+from onmt_lite.errors import OptionError
 from onmt_lite.journal import Journal, JournalError
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
 from onmt_lite.translate import distributed
@@ -330,6 +331,9 @@ def main(argv=None) -> int:
             kept += f"; -resume goes on from {args.output}.journal"
         print(f"translate.py: stopped by {stop.name}{kept}", file=sys.stderr)
         return stop.exit_status
+    except OptionError as err:  # a refused option or combination: as argparse's own errors
+        print(f"translate.py: error: {err}", file=sys.stderr)
+        return 2
     except (CheckpointError, InputError, JournalError, OutputError, ValueError,
             WorkerError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
