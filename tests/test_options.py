@@ -95,7 +95,7 @@ def test_yaml_values_of_the_right_kind_are_taken(tmp_path):
 
 def test_n_best_above_beam_size_is_one_line(tiny_model, capsys):
     assert translate_cli.main(["-model", tiny_model, "-src", "s", "-beam_size", "2",
-                               "-n_best", "3", "-output", os.devnull]) == 1
+                               "-n_best", "3", "-output", os.devnull]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "-n_best must be between 1 and -beam_size (2)" in err
 

@@ -1,10 +1,13 @@
 """Option plumbing shared by the commands: ``-name`` and ``--name`` forms, typed and
 range-checked values whatever their source (command line or YAML ``-config``), one-line errors."""
 import argparse
+import math
 import sys
 from typing import List, Optional
 
 import yaml
+
+from onmt_lite.errors import OptionError
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,7 +23,8 @@ class Parser(argparse.ArgumentParser):
 
 class Bounded:
     """An argparse ``type`` that parses a number and checks its range; also given YAML values,
-    which must already be of the right kind (``2.5`` is not an integer, ``true`` not a number)."""
+    which must already be of the right kind (``2.5`` is not an integer, ``true`` not a number).
+    A number must be finite: nan compares False with every bound, and inf wrecks the scores."""
 
     def __init__(self, kind: type, low=None, high=None, above=None):
         self.kind, self.low, self.high, self.above = kind, low, high, above
@@ -36,7 +40,12 @@ class Bounded:
         kinds = (int,) if self.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
-        value = self.kind(value)
+        try:
+            value = self.kind(value)
+        except OverflowError:  # an integer too large for a float
+            value = math.inf
+        if self.kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
         if self.low is not None and value < self.low:
             raise argparse.ArgumentTypeError(f"must be at least {self.low}, got {value}")
         if self.high is not None and value > self.high:
@@ -83,6 +92,31 @@ def _one_value(action: argparse.Action, value):
     return value
 
 
+def read_config(path: str) -> dict:
+    """The mapping of a YAML config file (empty: {}); raises OptionError in one line naming
+    the file (and the line of a byte that is not UTF-8)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OptionError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise OptionError(f"{path}: line {line}: not UTF-8 (byte 0x{data[err.start]:02x}); "
+                          "save the file as UTF-8") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise OptionError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise OptionError(f"{path}: expected a mapping of option names to values")
+    return values
+
+
 def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]):
     """Parses argv; values from ``-config FILE.yaml`` act as defaults that the command line
     overrides. Unknown keys and values of the wrong kind or range are errors, as on the command
@@ -92,14 +126,9 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]
     given = _given_on_command_line(parser, argv)  # -config values count as given too
     if getattr(args, "config", None):
         try:
-            with open(args.config, encoding="utf-8") as f:
-                values = yaml.safe_load(f) or {}
-        except OSError as err:
-            parser.error(f"{args.config}: cannot read: {err.strerror}")
-        except yaml.YAMLError as err:
-            parser.error(f"{args.config}: not valid YAML: {' '.join(str(err).split())}")
-        if not isinstance(values, dict):
-            parser.error(f"{args.config}: expected a mapping of option names to values")
+            values = read_config(args.config)
+        except OptionError as err:
+            parser.error(str(err))
         actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
         unknown = sorted(set(values) - set(actions) - {"config"})
         if unknown:

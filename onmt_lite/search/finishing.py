@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from onmt_lite.constants import FINISHED_SCORE
+from onmt_lite.errors import OptionError
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 
 HF_EXCLUDED = -1.0e9  # Hugging Face's additive mask for beams that may not be chosen
@@ -142,7 +143,7 @@ class RefillBeams:
     def __init__(self, eos: int, max_length: int, n_best: int, alpha: float = 1.0,
                  early_stopping: str = "false"):
         if early_stopping not in EARLY_STOPPING:
-            raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
+            raise OptionError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
         self.eos, self.max_length, self.n_best, self.alpha = eos, max_length, n_best, alpha
         self.early_stopping = early_stopping
 
@@ -391,7 +392,7 @@ class DiverseGroups(FirstFinished):
 
     def start(self, batch, k, padding):
         if k % self.groups:
-            raise ValueError(f"-diverse_groups {self.groups} must divide -beam_size {k}")
+            raise OptionError(f"-diverse_groups {self.groups} must divide -beam_size {k}")
         super().start(batch, k, padding)
 
     def rank(self, log_probs, step, attn):
@@ -440,7 +441,7 @@ class AliveFinished:
 
     def __init__(self, eos: int, max_length: int, n_best: int, alpha: float = 0.6):
         if alpha < 0:
-            raise ValueError("-search tf needs -alpha 0 or more (its stop rule assumes it)")
+            raise OptionError("-search tf needs -alpha 0 or more (its stop rule assumes it)")
         self.eos, self.max_length, self.n_best, self.alpha = eos, max_length, n_best, alpha
 
     def _norm(self, length: int) -> float:

@@ -2,7 +2,11 @@
 
 Lengths count ``<s>`` and ``</s>``, as OpenNMT-py does: a hypothesis of n words has L = n + 2.
 """
+import math
+
 import torch
+
+from onmt_lite.errors import OptionError
 
 LENGTH_PENALTIES = ("none", "avg", "wu")
 COVERAGE_PENALTIES = ("none", "wu", "summary")
@@ -22,9 +26,13 @@ class GNMTGlobalScorer:
     def __init__(self, alpha: float = 0.0, beta: float = 0.0, length_penalty: str = "none",
                  coverage_penalty: str = "none"):
         if length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"length_penalty must be one of {LENGTH_PENALTIES}")
+            raise OptionError(f"-length_penalty must be one of {', '.join(LENGTH_PENALTIES)}")
         if coverage_penalty not in COVERAGE_PENALTIES:
-            raise ValueError(f"coverage_penalty must be one of {COVERAGE_PENALTIES}")
+            raise OptionError(f"-coverage_penalty must be one of "
+                              f"{', '.join(COVERAGE_PENALTIES)}")
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not math.isfinite(value):  # nan or inf would make every score nan
+                raise OptionError(f"-{name}: must be a finite number, got {value}")
         self.alpha, self.beta = alpha, beta
         self.length_penalty_name, self.coverage_penalty_name = length_penalty, coverage_penalty
         self.has_cov_pen = coverage_penalty != "none"

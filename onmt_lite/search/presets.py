@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from onmt_lite.constants import FINISHED_SCORE
+from onmt_lite.errors import OptionError
 from onmt_lite.search.candidates import BeamSampler, Sampler, TopK
 from onmt_lite.search.finishing import (
     AliveFinished,
@@ -117,7 +118,7 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
     beam_sampling = sampler is not None and not greedy
     if beam_sampling:
         if preset.name != "hf":
-            raise ValueError(f"sampling in a beam needs -search hf, not {preset.name}")
+            raise OptionError(f"sampling in a beam needs -search hf, not {preset.name}")
         processors.append(Warper(sampler.temperature, sampler.topk, sampler.topp, min_keep=2))
     if opt.renormalize_logits and preset.name == "hf":
         processors.append(Renormalise())
@@ -125,7 +126,7 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
     if opt.block_ngram_repeat > 0 and preset.ngram_block == "onmt":
         candidate_processors.append(NgramBlocker(opt.block_ngram_repeat, batch * k, bos, exempt))
     if prefixes is not None and preset.rule not in ("slots", "replace"):
-        raise ValueError(f"-tgt_file_prefix: not available with -search {preset.name}")
+        raise OptionError(f"-tgt_file_prefix: not available with -search {preset.name}")
     if prefixes is not None and preset.rule == "slots":
         candidate_processors.append(
             TargetPrefix(prefixes.repeat_interleave(k, dim=0), eos, vocab.pad))

@@ -3,6 +3,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import argparse
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,13 +15,15 @@ from tqdm import tqdm
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.constants import EOS
+from onmt_lite.cli.options import integer, number
 from onmt_lite.corpus import InputError, lines_of
+from onmt_lite.errors import OptionError
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import for_inference, inference, replica
 from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
 from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
-from onmt_lite.search.global_scorer import GNMTGlobalScorer
+from onmt_lite.search.global_scorer import COVERAGE_PENALTIES, LENGTH_PENALTIES, GNMTGlobalScorer
 from onmt_lite.search.loop import beam_search
 from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
@@ -71,52 +74,72 @@ class DecodingOptions:
     keep_attention: bool = True  # each hypothesis' attention (Translation.attns); off: width 0
 
     def validate(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError("-beam_size must be at least 1")
-        if self.max_length < 1:
-            raise ValueError("-max_length must be at least 1")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
-        if self.beam_engine not in ("sentence", "batch"):
-            raise ValueError("-beam_engine must be sentence or batch")
-        if self.search not in PRESETS:
-            raise ValueError(f"-search must be one of {', '.join(PRESETS)}")
-        if self.early_stopping not in EARLY_STOPPING:
-            raise ValueError(f"-early_stopping must be one of {', '.join(EARLY_STOPPING)}")
-        if self.repetition_penalty <= 0:
-            raise ValueError("-repetition_penalty must be above 0")
+        """Raises OptionError naming the option of a value or combination that is refused."""
+        check_numbers(vars(self))
+        if self.n_best > self.beam_size:
+            raise OptionError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
+        for name, choices in (("beam_engine", ("batch", "sentence")), ("search", PRESETS),
+                              ("early_stopping", EARLY_STOPPING),
+                              ("length_penalty", LENGTH_PENALTIES),
+                              ("coverage_penalty", COVERAGE_PENALTIES)):
+            if getattr(self, name) not in choices:
+                raise OptionError(f"-{name} must be one of {', '.join(choices)}")
         for name, off in LACKS.get(self.search, {}).items():
             if getattr(self, name) != off:
-                raise ValueError(f"-{name}: -search {self.search} has no such setting")
-        if self.patience <= 0:
-            raise ValueError("-patience must be above 0")
+                raise OptionError(f"-{name}: -search {self.search} has no such setting")
+        if self.search == "tf" and self.alpha < 0:
+            raise OptionError("-search tf needs -alpha 0 or more (its stop rule assumes it)")
         if self.search != "onmt":
             for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
                                     ("stepwise_penalty", False), ("length_penalty", "avg"),
                                     ("ratio", 0.0)):
                 if getattr(self, name) != onmt_only:
-                    raise ValueError(f"-{name} is OpenNMT-py's: not available with "
-                                     f"-search {self.search}")
+                    raise OptionError(f"-{name} is OpenNMT-py's: not available with "
+                                      f"-search {self.search}")
         elif self.beam_engine == "sentence":
             for name in ("repetition_penalty", "ban_unk_token", "ratio", "tgt_file_prefix"):
                 if getattr(self, name) != getattr(DecodingOptions, name):
-                    raise ValueError(f"-{name} needs -beam_engine batch")
+                    raise OptionError(f"-{name} needs -beam_engine batch")
         if self.diverse_groups != 1:
             if self.search != "fairseq":
-                raise ValueError("-diverse_groups: diverse beam search is fairseq's: give "
-                                 "-search fairseq")
-            if self.diverse_groups < 1 or self.beam_size % self.diverse_groups:
-                raise ValueError(f"-diverse_groups {self.diverse_groups} must divide "
-                                 f"-beam_size {self.beam_size}")
+                raise OptionError("-diverse_groups: diverse beam search is fairseq's: give "
+                                  "-search fairseq")
+            if self.beam_size % self.diverse_groups:
+                raise OptionError(f"-diverse_groups {self.diverse_groups} must divide "
+                                  f"-beam_size {self.beam_size}")
         if self.tgt_file_prefix and self.search not in ("onmt", "ctranslate2"):
-            raise ValueError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
-        if self.ratio < 0:
-            raise ValueError("-ratio must be 0 (off) or more")
+            raise OptionError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
         if self.replace_unk and not self.keep_attention:
-            raise ValueError("-replace_unk reads the attention: keep_attention must be on")
+            raise OptionError("-replace_unk reads the attention: keep_attention must be on")
         sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
         if sampling and self.beam_size != 1 and self.search != "hf":
-            raise ValueError("random sampling needs -beam_size 1 (or -search hf: beam sampling)")
+            raise OptionError("random sampling needs -beam_size 1 (or -search hf: beam "
+                              "sampling)")
+
+
+# the range of each number, as translate.py checks it: the Python API is checked alike
+NUMBERS = {
+    "beam_size": integer(1), "n_best": integer(1), "min_length": integer(0),
+    "max_length": integer(1), "max_length_ratio": number(0), "alpha": number(),
+    "beta": number(0), "block_ngram_repeat": integer(0), "random_sampling_topk": integer(-1),
+    "random_sampling_topp": number(0, 1), "random_sampling_temp": number(above=0),
+    "seed": integer(-1), "src_seq_length_trunc": integer(0), "ratio": number(0),
+    "repetition_penalty": number(above=0), "patience": number(above=0),
+    "diverse_groups": integer(1), "diverse_strength": number(),
+    # of the Translator, build_translator and translate
+    "batch_size": integer(1), "shard_size": integer(0), "gpu": integer(-1), "threads": integer(0), "inter_threads": integer(1), "workers": integer(1),
+}
+
+
+def check_numbers(values: dict) -> None:
+    """Raises OptionError on a value of ``values`` (name: value) of the wrong kind or out of
+    its range, NaN and infinities included."""
+    for name, value in values.items():
+        if name in NUMBERS:
+            try:
+                NUMBERS[name](value)
+            except argparse.ArgumentTypeError as err:
+                raise OptionError(f"-{name}: {err}") from None
 
 
 class Translator:
@@ -143,13 +166,10 @@ class Translator:
         self.transform = transform  # raw text <-> pieces; None: whitespace-split tokens
         self.opt = options or DecodingOptions()
         self.opt.validate()
-        if inter_threads < 1:
-            raise ValueError("-inter_threads must be at least 1")
+        check_numbers({"inter_threads": inter_threads, "workers": workers})
         self.inter_threads = inter_threads
-        if workers < 1:
-            raise ValueError("-workers must be at least 1")
         if workers > 1 and (inter_threads > 1 or device != "cpu"):
-            raise ValueError("-workers decodes on CPU, without -inter_threads")
+            raise OptionError("-workers decodes on CPU, without -inter_threads")
         self.workers = workers
         self.rank, self.world_size = world()  # under torchrun: this worker's share (see
         if self.world_size > 1:  # distributed.py); rank 0 yields every translation
@@ -173,8 +193,8 @@ class Translator:
             self.sampler = Sampler(topk, self.opt.random_sampling_topp,
                                    self.opt.random_sampling_temp, generator)
             if inter_threads > 1 or workers > 1:  # they would draw from generators in turn
-                raise ValueError("random sampling needs -inter_threads 1 and -workers 1 to be "
-                                 "reproducible")
+                raise OptionError("random sampling needs -inter_threads 1 and -workers 1 to "
+                                  "be reproducible")
 
     # -- public API -----------------------------------------------------------------------
     def translate(self, src: Union[str, List[str]], tgt: Union[str, List[str], None] = None,
@@ -219,12 +239,11 @@ class Translator:
                 it would within the whole input.
             skip: numbers of batches not to decode (done before, see journal.py).
         """
+        check_numbers({"batch_size": batch_size, "shard_size": shard_size})
         if batch_type not in ("sents", "tokens"):
-            raise ValueError("-batch_type must be sents or tokens")
+            raise OptionError("-batch_type must be sents or tokens")
         if self.opt.tgt_file_prefix and tgt is None:
-            raise ValueError("-tgt_file_prefix forces the -tgt lines: give -tgt")
-        if shard_size < 0:
-            raise ValueError("-shard_size must be 0 (no shards) or more")
+            raise OptionError("-tgt_file_prefix forces the -tgt lines: give -tgt")
         number, warned = 0, False
         show = progress and self.rank == 0
         processes = WorkerPool(self, self.workers) if self.workers > 1 else None
@@ -564,14 +583,15 @@ def build_translator(opt) -> Translator:
     apply to the options the user did not give: a dict's keys, or a namespace's
     ``given_options``.
     """
-    device = _device(_get(opt, "gpu", -1))
     paths = _get(opt, "model")
     paths = [paths] if isinstance(paths, str) else list(paths)
     path = paths[0]
-    model, ckpt = load_model(path, device)
-    src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
     fields = DecodingOptions.__dataclass_fields__
     values = {name: _get(opt, name) for name in fields if _get(opt, name) is not None}
+    _check_options(opt, values, len(paths))
+    device = _device(_get(opt, "gpu", -1))
+    model, ckpt = load_model(path, device)
+    src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
     given = _get(opt, "given_options")
     given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
     if values.get("search", "onmt") != "onmt" and "max_length_ratio" not in given:
@@ -584,7 +604,8 @@ def build_translator(opt) -> Translator:
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
         values.update(_generation_defaults(ckpt, given, values, path))
     else:
-        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path)
+        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path,
+                                    ckpt.subword_models)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
     del ckpt  # its weights are in the model now: free them before quantising, not after
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
@@ -601,19 +622,27 @@ def build_translator(opt) -> Translator:
             values["max_length"] = min(values.get("max_length", DecodingOptions.max_length),
                                        m.decoder.embeddings.max_len - 1)
     if len(models) > 1:
-        if values.get("search", "onmt") != "onmt":
-            raise ValueError("-model: an ensemble decodes with -search onmt only")
         model = EnsembleModel(models, bool(_get(opt, "avg_raw_probs", False)))
     options = DecodingOptions(**values)
     inter_threads = _get(opt, "inter_threads")
     workers = _get(opt, "workers") or 1
-    if workers > 1 and (_get(opt, "threads") or 1) != 1:
-        raise ValueError("-workers runs one torch thread per process: give -threads 1 (or 0)")
     translator = Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                             1 if inter_threads is None else inter_threads, transform, workers)
     if _get(opt, "compile"):
         translator.warm_up()
     return translator
+
+
+def _check_options(opt, values: dict, models: int) -> None:
+    """Refuses, before any model loads, the numbers out of range among the options given and
+    the combinations build_translator cannot serve (OptionError)."""
+    check_numbers({**values, **{name: _get(opt, name) for name in ("gpu", "threads",
+                                                                    "inter_threads", "workers")
+                                if _get(opt, name) is not None}})
+    if models > 1 and values.get("search", "onmt") != "onmt":
+        raise OptionError("-model: an ensemble decodes with -search onmt only")
+    if (_get(opt, "workers") or 1) > 1 and (_get(opt, "threads") or 1) != 1:
+        raise OptionError("-workers runs one torch thread per process: give -threads 1 (or 0)")
 
 
 def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):
