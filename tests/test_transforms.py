@@ -1,9 +1,12 @@
 """The onmt_tokenize and bpe transforms: pieces and text against pyonmttok and subword-nmt used
 as OpenNMT-py 3.5.1 uses them, on real Multi30k lines (../shared/data/multi30k); option errors;
-raw text through a checkpoint over pieces, given on the command line or named in the checkpoint."""
+raw text through a checkpoint over pieces, given on the command line or named in the checkpoint;
+OpenNMT-py 3.5.1's own onmt_tokenize and onmt_translate on its raw-text fixture
+(tests/reference/onmt_py_tokenize.json, made by tests/reference/make_onmt_py_tokenize.py)."""
 import argparse
 import ast
 import io
+import json
 import os
 import re
 import shutil
@@ -327,38 +330,62 @@ def test_the_checkpoint_transforms_apply_with_files_beside_it(codes, name, tmp_p
 
 
 # -- an OpenNMT-py checkpoint that names onmt_tokenize -------------------------------------
-# OpenNMT-py 3.5.1's onmt_translate on the fixture model, beam 5, its first three lines with
-# -transforms onmt_tokenize, sentencepiece on both sides, -src_onmttok_kwargs
-# "{'mode': 'conservative', 'joiner_annotate': True}" and -tgt_onmttok_kwargs AGGRESSIVE
-# (pyonmttok leaves the sentencepiece spacers it does not annotate itself).
-OPENNMT_PY_CONSERVATIVE_AGGRESSIVE = [
-    "▁Mehrer e ▁kleine ▁Jungen ▁spielen ▁in ▁eine m ▁Park .",
-    "▁Ein ▁Football - Spieler ▁macht ▁einen ▁Ball .",
-    "▁Kleine ▁Kinder ▁spielen ▁in ▁der ▁Küche .",
-]
+# OpenNMT-py 3.5.1's own onmt_tokenize transform and onmt_translate on the raw-text fixture, beam
+# 5, the first three test lines, sentencepiece on both sides with each case's onmttok kwargs:
+# made by tests/reference/make_onmt_py_tokenize.py with the peers virtualenv.
+with open(os.path.join(ROOT, "tests", "reference", "onmt_py_tokenize.json"), encoding="utf-8") as f:
+    ONMT_PY_TOKENIZE = json.load(f)
 
 
-@needs_spm
-@needs_multi30k
-def test_opennmt_py_checkpoint_naming_onmt_tokenize(tmp_path):
+@pytest.fixture(scope="module")
+def onmt_tokenize_checkpoint(tmp_path_factory):
+    """The raw-text fixture trained with -transforms sentencepiece, relabelled as onmt_tokenize
+    over the same spm.model, with pyonmttok's mode none on both sides."""
     with torch.serialization.safe_globals([argparse.Namespace]):  # OpenNMT-py's options
         data = torch.load(os.path.join(SPM_FIXTURE, "model.pt"), map_location="cpu",
                           weights_only=True)
-    opt = data["opt"]  # trained with sentencepiece: relabelled as onmt_tokenize over spm.model
+    opt = data["opt"]
     opt.transforms = ["onmt_tokenize", "filtertoolong"]
     opt.src_subword_type = opt.tgt_subword_type = "sentencepiece"
     opt.src_subword_model = opt.tgt_subword_model = SPM
     opt.src_onmttok_kwargs = opt.tgt_onmttok_kwargs = {"mode": "none"}
-    ckpt = str(tmp_path / "model.pt")
+    ckpt = str(tmp_path_factory.mktemp("onmt_tokenize") / "model.pt")
     torch.save(data, ckpt)
-    lines = multi30k(SOURCE_LINES)[:3]
-    # OpenNMT-py 3.5.1 writes with these options what it writes with -transforms sentencepiece
+    return ckpt
+
+
+@needs_spm
+@needs_multi30k
+@pytest.mark.parametrize("case", list(ONMT_PY_TOKENIZE["cases"]))
+def test_opennmt_py_checkpoint_naming_onmt_tokenize(onmt_tokenize_checkpoint, case):
+    """Source pieces, the pieces the model sees, hypothesis pieces, score and written line are
+    OpenNMT-py's, with the onmttok kwargs given on the command line."""
+    spec = ONMT_PY_TOKENIZE["cases"][case]
+    lines = multi30k(SOURCE_LINES)[:len(spec["output"])]
+    translator = build_translator({
+        "model": onmt_tokenize_checkpoint, "beam_size": ONMT_PY_TOKENIZE["beam_size"],
+        "src_onmttok_kwargs": repr(spec["src_onmttok_kwargs"]),
+        "tgt_onmttok_kwargs": repr(spec["tgt_onmttok_kwargs"])})
+    results = translator.translate(lines)
+    assert [t.src for t in results] == spec["source_pieces"]
+    assert [t.src_vocab for t in results] == spec["sent"]
+    assert [" ".join(t.preds[0]) for t in results] == spec["pred"]
+    assert [t.scores[0] for t in results] == pytest.approx(spec["pred_score"], abs=1e-4)
+    assert [t.texts[0] for t in results] == spec["output"]
+
+
+@needs_spm
+@needs_multi30k
+def test_the_checkpoints_onmt_tokenize_is_what_opennmt_py_writes_with_sentencepiece(
+        onmt_tokenize_checkpoint):
+    """Named in the checkpoint (no option given), onmt_tokenize with mode none writes what
+    OpenNMT-py 3.5.1 writes with these kwargs given, and with -transforms sentencepiece (the
+    fixture's own beam-5 reference)."""
+    spec = ONMT_PY_TOKENIZE["cases"]["mode none on both sides"]
+    lines = multi30k(SOURCE_LINES)[:len(spec["output"])]
     with open(os.path.join(SPM_FIXTURE, "refs", "test_2016_flickr", "model.beam5.txt"),
               encoding="utf-8") as f:
-        expected = f.read().split("\n")[:3]
-    translator = build_translator({"model": ckpt, "beam_size": 5})
-    assert [t.texts[0] for t in translator.translate(lines)] == expected
-    translator = build_translator({
-        "model": ckpt, "beam_size": 5, "src_onmttok_kwargs": "{'mode': 'conservative', "
-        "'joiner_annotate': True}", "tgt_onmttok_kwargs": AGGRESSIVE})
-    assert [t.texts[0] for t in translator.translate(lines)] == OPENNMT_PY_CONSERVATIVE_AGGRESSIVE
+        sentencepiece_output = f.read().split("\n")[:len(lines)]
+    assert spec["output"] == sentencepiece_output
+    translator = build_translator({"model": onmt_tokenize_checkpoint, "beam_size": 5})
+    assert [t.texts[0] for t in translator.translate(lines)] == spec["output"]
