@@ -4,14 +4,14 @@ BeamSearch and with its DiverseBeamSearch (``-diverse_groups``, ``-diverse_stren
 
 The reference (tests/reference/fairseq.json) is fairseq's own search driving the same weights,
 made by tests/reference/make_fairseq.py in a side environment; the fixture is read from
-../shared.
+../shared; the tests of the finishing rules and of the options need none of it.
 """
 import json
 import os
 
 import pytest
 import torch
-from conftest import ROOT, SHARED_FIXTURES
+from conftest import ROOT, SHARED_FIXTURES, tiny_checkpoint
 
 from onmt_lite.search.finishing import DiverseGroups, FirstFinished
 from onmt_lite.translate import build_translator
@@ -86,9 +86,13 @@ def test_diverse_groups_pay_for_the_tokens_earlier_groups_chose():
     assert values[0].tolist() == pytest.approx(expected.tolist())
 
 
-def test_diverse_groups_must_divide_the_beam_and_need_the_fairseq_preset():
-    with pytest.raises(ValueError, match="must divide -beam_size 5"):
-        build_translator({"model": MODEL, "search": "fairseq", "beam_size": 5,
+def test_diverse_groups_must_divide_the_beam_and_need_the_fairseq_preset(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny.pt")  # any model: the options are refused
+    with pytest.raises(ValueError, match="^-diverse_groups 2 must divide -beam_size 5$"):
+        build_translator({"model": model, "search": "fairseq", "beam_size": 5,
                           "diverse_groups": 2})
-    with pytest.raises(ValueError, match="give -search fairseq"):
-        build_translator({"model": MODEL, "beam_size": 4, "diverse_groups": 2})
+    with pytest.raises(ValueError, match="^-diverse_groups: diverse beam search is fairseq's: "
+                                         "give -search fairseq$"):
+        build_translator({"model": model, "beam_size": 4, "diverse_groups": 2})
+    assert build_translator({"model": model, "search": "fairseq", "beam_size": 4,
+                             "diverse_groups": 2}).opt.diverse_groups == 2
