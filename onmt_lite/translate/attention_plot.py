@@ -10,7 +10,7 @@ DPI = 100
 
 
 class PlotError(ValueError):
-    """Plotting cannot run (matplotlib missing, a folder that cannot be written)."""
+    """Plotting cannot run (matplotlib missing, a folder or picture that cannot be written)."""
 
 
 def require_matplotlib() -> None:
@@ -31,7 +31,8 @@ def image_size(src_len: int, tgt_len: int) -> Tuple[int, int]:
 
 def plot_attention(src: Sequence[str], pred: Sequence[str], attention: List[List[float]],
                    path: str) -> None:
-    """Writes the heatmap of ``attention`` (len(pred) rows, len(src) columns) to ``path``."""
+    """Writes the heatmap of ``attention`` (len(pred) rows, len(src) columns) to ``path``;
+    PlotError names the picture that cannot be written."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -45,9 +46,13 @@ def plot_attention(src: Sequence[str], pred: Sequence[str], attention: List[List
     axes.imshow(matrix, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto",
                 interpolation="nearest")
     axes.xaxis.tick_top()
-    axes.set_xticks(range(len(src)), labels=list(src), rotation=90, fontsize=8)
-    axes.set_yticks(range(len(pred)), labels=list(pred), fontsize=8)
-    figure.savefig(path, dpi=DPI)
+    # tokens are text, never TeX: "$x_$" would stop the drawing as bad mathtext
+    axes.set_xticks(range(len(src)), labels=list(src), rotation=90, fontsize=8, parse_math=False)
+    axes.set_yticks(range(len(pred)), labels=list(pred), fontsize=8, parse_math=False)
+    try:
+        figure.savefig(path, dpi=DPI)
+    except OSError as err:
+        raise PlotError(f"{path}: cannot write the picture: {err.strerror or err}") from None
 
 
 def plot_path(folder: str, index: int) -> str:
