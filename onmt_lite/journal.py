@@ -13,6 +13,8 @@ import json
 import os
 from typing import Dict, List, Optional
 
+from onmt_lite.corpus import InputError
+
 FORMAT = 1
 
 
@@ -24,9 +26,12 @@ def file_digest(path: Optional[str]) -> Optional[str]:
     if path is None:
         return None
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as err:  # as the translation's own reading says it
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
     return digest.hexdigest()
 
 

@@ -25,8 +25,31 @@ def _umask() -> int:
 def _stat(path: str) -> Optional[os.stat_result]:
     try:
         return os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (yet)
         return None
+
+
+def _file_above(path: str) -> Optional[str]:
+    """The file that stands where a folder of ``path`` should be (``a.txt`` in ``a.txt/out``)."""
+    folder = os.path.dirname(path)
+    while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)
+    return folder if folder and os.path.exists(folder) and not os.path.isdir(folder) else None
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: through symbolic links, ``./`` or a hard link (same
+    device and inode), or as one new path. ``-`` names no file."""
+    if a == "-" or b == "-":
+        return False
+
+    def identity(path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return os.path.realpath(path)
+        return st.st_dev, st.st_ino
+    return identity(a) == identity(b)
 
 
 def is_atomic(path: str) -> bool:
@@ -42,6 +65,8 @@ def check_output(path: str) -> None:
     the model loads, so that a wrong path costs nothing."""
     if path == "-":
         return
+    if not path:
+        raise OutputError("the output path is empty")
     real = os.path.realpath(path)
     st = _stat(real)
     if st is not None and stat.S_ISDIR(st.st_mode):
@@ -55,6 +80,9 @@ def check_output(path: str) -> None:
                           "not overwritten")
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
+        blocking = _file_above(path)
+        if blocking:
+            raise OutputError(f"{path}: {blocking} is a file, not a folder")
         raise OutputError(f"{path}: the folder {os.path.dirname(os.path.abspath(path))} "
                           "does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):

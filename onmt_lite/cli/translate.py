@@ -5,6 +5,8 @@ import itertools
 import json
 import logging
 import math
+import os
+import stat
 import sys
 import time
 
@@ -17,7 +19,7 @@ from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
 from onmt_lite.errors import OptionError
 from onmt_lite.journal import Journal, JournalError
-from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic
+from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic, same_file
 from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.attention_plot import plot_attention, plot_path, prepare_folder
@@ -193,6 +195,54 @@ RESUMABLE_CHANGES = {"src", "tgt", "output", "resume", "progress", "no_progress"
                      "compile_cache"}
 
 
+# options that name a file or folder: an empty value is refused, not taken for "not given"
+PATH_OPTIONS = ("model", "src", "tgt", "output", "attn_dump", "attn_plot", "config")
+
+
+def check_options(args) -> None:
+    """Refuses, before the model loads, empty paths and what -resume cannot do (OptionError)."""
+    for name in PATH_OPTIONS:
+        value = getattr(args, name)
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise OptionError(f"-{name}: the path is empty")
+    if not args.resume:
+        return
+    for name in ("attn_dump", "attn_plot", "attn_debug", "verbose"):
+        if getattr(args, name):
+            raise OptionError(f"-resume: -{name} is not kept in the journal; run without -resume")
+    if args.output == "-":
+        raise OptionError("-resume keeps its journal beside -output: give a file, not -")
+    for name in ("src", "tgt"):  # hashed for the journal, then read again to translate
+        path = getattr(args, name)
+        if path == "-" or (path is not None and os.path.exists(path)
+                           and not stat.S_ISREG(os.stat(path).st_mode)):
+            raise OptionError(f"-resume reads -{name} twice (its SHA-256 for the journal, "
+                              f"then its lines): give a regular file, not {path}")
+
+
+def check_overwrites(args) -> None:
+    """Refuses an output file that is also an input of the run or another of its outputs (the
+    source replaced by its translation, the dump lost under the output). Files written through
+    (FIFOs, devices) are the user's to share."""
+    inputs = [(f"-{name}", getattr(args, name)) for name in
+              ("src", "tgt", "config", "phrase_table", "src_subword_model", "tgt_subword_model")]
+    inputs += [("-model", path) for path in args.model]
+    outputs = [("-output", args.output, "-output"), ("-attn_dump", args.attn_dump, "-attn_dump")]
+    if args.resume:
+        outputs.append(("the -resume journal", f"{args.output}.journal", "-output"))
+    if args.output == "-" and args.attn_dump == "-":
+        raise OptionError("-attn_dump - and -output - would both write standard output; "
+                          "give -attn_dump a file")
+    written = []
+    for label, path, option in outputs:
+        if path and is_atomic(path):
+            for other, given in written + inputs:
+                if given and same_file(path, given):
+                    raise OptionError(f"{label} {path} is the same file as {other} {given}; "
+                                      f"give another {option}")
+            written.append((label, path))
+
+
 def run(args) -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -245,11 +295,6 @@ def _run_plain(args, translator, writes: bool):
 def _run_journaled(args, translator, writes: bool):
     """-resume: batches already in the journal are not decoded again; each new one is
     journaled as it comes; the output is written in input order from both (journal.py)."""
-    for name in ("attn_dump", "attn_plot", "attn_debug", "verbose"):
-        if getattr(args, name):
-            raise ValueError(f"-resume: -{name} is not kept in the journal; run without -resume")
-    if args.output == "-":
-        raise ValueError("-resume keeps its journal beside -output: give a file, not -")
     options = {k: v for k, v in vars(args).items() if k not in RESUMABLE_CHANGES}
     options = json.loads(json.dumps(options))
     if translator.world_size > 1 and not writes:  # torchrun: rank 0 makes the journal first
@@ -310,7 +355,7 @@ def _report(args, pred_total, gold_total, count, words, elapsed) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_with_config(parser, argv)
-    if not args.model or not args.src:
+    if not args.model or args.src is None:
         parser.error("-model and -src are required (on the command line or in -config)")
     if args.progress and args.no_progress:
         parser.error("-progress and -no_progress exclude each other")
@@ -319,9 +364,12 @@ def main(argv=None) -> int:
                         format="[%(asctime)s %(levelname)s] %(message)s")
     try:
         with stop_on_signals():
-            for path in (args.output, args.attn_dump):  # before the model loads
-                if path and rank == 0:
-                    check_output(path)
+            check_options(args)  # before the model loads
+            if rank == 0:  # the files rank 0 writes
+                check_overwrites(args)
+                for path in (args.output, args.attn_dump):
+                    if path:
+                        check_output(path)
             if args.attn_plot and rank == 0:
                 prepare_folder(args.attn_plot)
             run(args)
