@@ -2,10 +2,11 @@
 import argparse
 import sys
 
-import yaml
+import torch
 
-from onmt_lite.cli.options import Parser, add, integer
+from onmt_lite.cli.options import Parser, add, integer, read_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
+from onmt_lite.errors import OptionError
 from onmt_lite.train.trainer import average_checkpoints, last_checkpoints, train
 
 
@@ -25,14 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with open(args.config, encoding="utf-8") as f:
-            config = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as err:
-        print(f"onmt_lite_train: {args.config}: {err}", file=sys.stderr)
+        config = read_config(args.config)
+    except OptionError as err:
+        print(f"onmt_lite_train: error: {err}", file=sys.stderr)
         return 2
     for key in ("train_steps", "train_from"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
+    if args.gpu >= 0 and not torch.cuda.is_available():
+        print(f"onmt_lite_train: error: -gpu {args.gpu}: no CUDA device is visible (-gpu -1 "
+              "trains on the CPU)", file=sys.stderr)
+        return 1
     device = f"cuda:{args.gpu}" if args.gpu >= 0 else "cpu"
     try:
         with stop_on_signals():
@@ -46,9 +50,12 @@ def main(argv=None) -> int:
     except Stopped as stop:  # checkpoints already written stay; -train_from resumes
         print(f"onmt_lite_train: stopped by {stop.name}", file=sys.stderr)
         return stop.exit_status
-    except ValueError as err:
-        print(f"onmt_lite_train: {err}", file=sys.stderr)
+    except OptionError as err:  # a config value or combination refused: as -config's errors
+        print(f"onmt_lite_train: error: {err}", file=sys.stderr)
         return 2
+    except ValueError as err:  # a missing or unreadable corpus or checkpoint
+        print(f"onmt_lite_train: error: {err}", file=sys.stderr)
+        return 1
     print(last)
     return 0
 

@@ -14,10 +14,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from onmt_lite.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
 from onmt_lite.corpus import read_parallel
+from onmt_lite.errors import OptionError
 from onmt_lite.models.model import MODEL_DEFAULTS, build_model
 from onmt_lite.train.batching import collate, make_examples, token_batches
 from onmt_lite.train.optim import build_optimizer, learning_rate
-from onmt_lite.transforms import build_transform
+from onmt_lite.transforms import build_transform, read_subword_models, subword_model_files
 from onmt_lite.vocab import Vocab
 
 TRAIN_DEFAULTS = {
@@ -43,14 +44,18 @@ POSITIVE = ("train_steps", "valid_steps", "save_checkpoint_steps", "report_every
 
 NON_NEGATIVE = ("dropout", "attention_dropout", "norm_eps", "src_words_min_frequency",
                 "tgt_words_min_frequency", "src_vocab_size", "tgt_vocab_size", "learning_rate",
-                "warmup_steps", "label_smoothing", "max_grad_norm", "param_init", "threads")
+                "warmup_steps", "label_smoothing", "max_grad_norm", "param_init", "threads",
+                "adam_beta1", "adam_beta2")
+AT_MOST_ONE = ("dropout", "attention_dropout", "label_smoothing")
+BELOW_ONE = ("adam_beta1", "adam_beta2")  # torch's Adam refuses 1
+CHOICES = {"decay_method": ("noam", "rsqrt", "none")}  # read at the first step: checked before
 KINDS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"),
          float: ((int, float), "a number"), str: ((str,), "text"), list: ((list,), "a list")}
 
 
 def _check_kinds(config: dict) -> None:
     """Each value has its default's kind (an integer where the default is one, true/false for a
-    flag); counts and sizes are positive. Raises ValueError naming the key."""
+    flag); numbers are finite and in range. Raises OptionError naming the key."""
     defaults = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS}
     for key, value in config.items():
         default = defaults.get(key)
@@ -58,11 +63,19 @@ def _check_kinds(config: dict) -> None:
             continue
         kinds, what = KINDS[type(default)]
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise ValueError(f"{key}: expected {what}, got {value!r}")
+            raise OptionError(f"{key}: expected {what}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # nan passes every bound
+            raise OptionError(f"{key}: must be a finite number, got {value}")
         if key in POSITIVE and value < 1:
-            raise ValueError(f"{key}: must be at least 1, got {value}")
+            raise OptionError(f"{key}: must be at least 1, got {value}")
         if key in NON_NEGATIVE and value < 0:
-            raise ValueError(f"{key}: must not be negative, got {value}")
+            raise OptionError(f"{key}: must not be negative, got {value}")
+        if key in AT_MOST_ONE and value > 1:
+            raise OptionError(f"{key}: must be at most 1, got {value}")
+        if key in BELOW_ONE and value >= 1:
+            raise OptionError(f"{key}: must be less than 1, got {value}")
+        if key in CHOICES and value not in CHOICES[key]:
+            raise OptionError(f"{key}: must be one of {', '.join(CHOICES[key])}, got {value!r}")
 
 
 def _data_paths(opt: dict, name: str):
@@ -70,7 +83,7 @@ def _data_paths(opt: dict, name: str):
         corpus = opt["data"][name]
         return corpus["path_src"], corpus["path_tgt"]
     except (KeyError, TypeError):
-        raise ValueError(f"config lacks data.{name}.path_src / path_tgt") from None
+        raise OptionError(f"config lacks data.{name}.path_src / path_tgt") from None
 
 
 def _init_params(model: torch.nn.Module, opt: dict) -> None:
@@ -134,7 +147,7 @@ def train(config: dict, device: str = "cpu", progress: bool = True) -> str:
     """Trains a model as ``config`` says (OpenNMT-py style keys); returns the last checkpoint path."""
     unknown = set(config) - set(TRAIN_DEFAULTS) - set(MODEL_DEFAULTS) - {"data"}
     if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        raise OptionError(f"unknown config keys: {', '.join(sorted(unknown))}")
     _check_kinds(config)
     opt = {**MODEL_DEFAULTS, **TRAIN_DEFAULTS, **config}
     for path in (opt["save_model"], opt["log_file"]):  # their folders, e.g. runs/transformer/
@@ -163,6 +176,8 @@ def _train(opt: dict, device: str, progress: bool) -> str:
     train_src, train_tgt = read_parallel(*_data_paths(opt, "corpus_1"))
     valid_src, valid_tgt = read_parallel(*_data_paths(opt, "valid"))
     transform = build_transform(lambda name: opt.get(name), {}, "")
+    # every checkpoint keeps the subword models it was trained through: a model is one file
+    kept = read_subword_models(subword_model_files(opt))
     if transform is not None:
         train_src, train_tgt, valid_src, valid_tgt = (
             [" ".join(transform.encode(line, side)) for line in lines] for lines, side in
@@ -183,7 +198,11 @@ def _train(opt: dict, device: str, progress: bool) -> str:
                                     opt["src_vocab_size"], opt["vocab_size_multiple"])
             tgt_vocab = Vocab.build(train_tgt, opt["tgt_words_min_frequency"],
                                     opt["tgt_vocab_size"], opt["vocab_size_multiple"])
-        model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad, tgt_vocab.pad)
+        try:
+            model = build_model(opt, len(src_vocab), len(tgt_vocab), src_vocab.pad,
+                                tgt_vocab.pad)
+        except ValueError as err:  # the config's model settings: an unknown type, odd sizes
+            raise OptionError(str(err)) from None
         _init_params(model, opt)
     model.to(device).train()
     optimizer = build_optimizer(model.parameters(), opt)
@@ -236,7 +255,8 @@ def _train(opt: dict, device: str, progress: bool) -> str:
             if step % opt["save_checkpoint_steps"] == 0 or step == opt["train_steps"]:
                 path = f"{opt['save_model']}_step_{step}.pt"
                 save_checkpoint(path, model, src_vocab, tgt_vocab, opt,
-                                train_state={"step": step, "optim": optimizer.state_dict()})
+                                train_state={"step": step, "optim": optimizer.state_dict()},
+                                subword_models=kept)
                 logger.info("saved %s", path)
                 saved.append(path)
                 while opt["keep_checkpoint"] > 0 and len(saved) > opt["keep_checkpoint"]:
@@ -254,7 +274,7 @@ def average_checkpoints(paths, output: str, half: bool = False) -> None:
     avg = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
     averaged.load_state_dict(avg)
     save_checkpoint(output, averaged, ckpts[0].src_vocab, ckpts[0].tgt_vocab, ckpts[0].opt,
-                    half=half)
+                    half=half, subword_models=ckpts[0].subword_models)
 
 
 def last_checkpoints(prefix: str, n: int):
