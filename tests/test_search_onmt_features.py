@@ -9,9 +9,11 @@ import json
 import os
 
 import pytest
+import torch
 from conftest import ROOT, SHARED_FIXTURES
 from reference.onmt_py_variant import write_variant
 
+from onmt_lite.checkpoint import load_model
 from onmt_lite.cli import translate as translate_cli
 
 DATA = os.path.join(ROOT, "..", "shared", "data", "multi30k")
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 with open(REFERENCE, encoding="utf-8") as f:
     REF = json.load(f)
+ENSEMBLE_LINES = 20  # the lines of the Transformer-RNN ensemble, its search written out again
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +96,52 @@ def test_a_phrase_table_line_without_separator_is_named(inputs, tmp_path, capsys
     assert not (tmp_path / "o.txt").exists()
 
 
+def ensemble_greedy(models, words):
+    """Greedy search written out for an ensemble of (model, checkpoint) pairs, without the
+    search loop or the decoder's step state: at each step every model decodes the whole prefix
+    again, and the next token is the best of the log-softmax of the mean of their logits
+    (OpenNMT-py's ensemble); the length limit is OpenNMT-py's for a batch of one line.
+    -> (tokens, score): the summed log-probabilities divided, as OpenNMT-py's greedy search does
+    with -length_penalty avg, by the length of the hypothesis with <s> (and </s> if it ended)."""
+    src_vocab, tgt_vocab = models[0][1].src_vocab, models[0][1].tgt_vocab
+    src = torch.tensor([src_vocab.encode(words)])
+    src_len = torch.tensor([len(words)])
+    prefix, score, steps = [tgt_vocab.bos], 0.0, 0
+    with torch.no_grad():
+        for steps in range(1, int(min(250, len(words) * 1.25 + 5)) + 1):
+            logits = []
+            for model, _ in models:
+                memory, final = model.encode(src, src_len)
+                model.decoder.init_state(src_len, memory, final)
+                out, _ = model.decoder(torch.tensor([prefix]))
+                logits.append(model.generator(out[0, -1]).float())
+            log_probs = torch.log_softmax(torch.stack(logits).mean(0), dim=-1)
+            token = int(log_probs.argmax())
+            score += float(log_probs[token])
+            if token == tgt_vocab.eos:
+                break
+            prefix.append(token)
+    return tgt_vocab.decode(prefix[1:]), score / (steps + 1)
+
+
 def test_an_ensemble_may_join_a_transformer_and_an_rnn(inputs, tmp_path):
     """OpenNMT-py 3.5.1 crashes on this ensemble (its attention shapes differ); here each model
-    keeps its own state and the mean attention has one layout."""
-    output = tmp_path / "pred.txt"
+    keeps its own state, and greedy search gives, with its score, the best token of the
+    log-softmax of the mean of the two models' logits at each step."""
+    sources = inputs["en"].read_text(encoding="utf-8").splitlines()[:ENSEMBLE_LINES]
+    src, output = tmp_path / "src.en", tmp_path / "pred.txt"
+    src.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
     models = [os.path.join(SHARED_FIXTURES, m) for m in ("transformer.pt", "rnn.pt")]
-    assert translate_cli.main(["-model", *models, "-src", str(inputs["en"]), "-output",
-                               str(output), "-beam_size", "3", "-no_progress"]) == 0
-    lines = output.read_text(encoding="utf-8").splitlines()
-    assert len(lines) == REF["lines"] and all(lines)
+    assert translate_cli.main(["-model", *models, "-src", str(src), "-output", str(output),
+                               "-beam_size", "1", "-batch_size", "1", "-with_score",
+                               "-no_progress"]) == 0
+    written = [line.split("\t") for line in output.read_text(encoding="utf-8").splitlines()]
+    assert len(written) == len(sources)
+    loaded = [load_model(model) for model in models]
+    for number, (source, (text, score)) in enumerate(zip(sources, written), 1):
+        tokens, expected = ensemble_greedy(loaded, source.split())
+        assert text == " ".join(tokens), number
+        assert float(score) == pytest.approx(expected, abs=1e-4), number
 
 
 def test_bad_decoding_requests_are_one_clear_line(inputs, tmp_path, capsys):
