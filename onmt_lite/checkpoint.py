@@ -4,7 +4,9 @@ A native checkpoint is one ``.pt`` file of plain containers: ``{"format": "onmt_
 "version": 1, "opt": dict, "vocab": {"src": [...], "tgt": [...]}, "model": state dict,
 "generator": state dict}`` (plus ``"train"`` with the optimizer state while training; for a
 converted Marian model, ``"vocab"`` names its ``"specials"``, ``"generation"`` holds its
-generation defaults and ``"tokenizer"`` its sentencepiece models, see marian.py).
+generation defaults and ``"tokenizer"`` its sentencepiece models, see marian.py; for a model over
+subword pieces, ``"subword_models"`` keeps the files its transform reads, by option name, so
+that the checkpoint alone translates raw text).
 Files are always read with ``torch.load(weights_only=True)``: nothing inside can run code.
 """
 import argparse
@@ -38,15 +40,34 @@ class Checkpoint:
     origin: str = FORMAT  # "onmt_lite", "opennmt-py" or "marian"
     generation: dict = field(default_factory=dict)  # Hugging Face generation defaults
     tokenizer: dict = field(default_factory=dict)  # a Marian tokenizer's files (marian.py)
+    # the subword model files of the transform: {"src_subword_model": bytes, ...}
+    subword_models: dict = field(default_factory=dict)
+
+
+def _as_tensor(data: bytes) -> torch.Tensor:
+    """A file's bytes as a uint8 tensor: torch.save writes it as is, where bytes grow by a
+    third (protocol 2 pickles them as text) and later protocols fail weights_only loading."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+        torch.empty(0, dtype=torch.uint8)
 
 
 def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Vocab, opt: dict,
                     half: bool = False, train_state: Optional[dict] = None,
-                    generation: Optional[dict] = None, tokenizer: Optional[dict] = None) -> None:
-    """Writes a native checkpoint atomically (temporary file, then rename)."""
+                    generation: Optional[dict] = None, tokenizer: Optional[dict] = None,
+                    subword_models: Optional[dict] = None) -> None:
+    """Writes a native checkpoint atomically (temporary file, then rename). ``subword_models``
+    ({"src_subword_model": bytes, ...}) are the files of the transform named in ``opt``."""
+    copies = {}  # tied weights (one embedding for source, target and output) are stored once
+
     def plain(state):
-        return {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone()
-                for k, v in state.items()}
+        out = {}
+        for k, v in state.items():
+            key = (v.data_ptr(), v.dtype, v.shape, v.stride())
+            if key not in copies:
+                copies[key] = (v.half() if half and v.is_floating_point() else v
+                               ).detach().cpu().clone()
+            out[k] = copies[key]
+        return out
     transform_options = {k: opt[k] for k in transforms.OPTIONS if opt.get(k)}
     payload = {
         "format": FORMAT, "version": VERSION, "opt": {**model_options(opt), **transform_options},
@@ -57,6 +78,12 @@ def save_checkpoint(path: str, model: NMTModel, src_vocab: Vocab, tgt_vocab: Voc
     }
     if tgt_vocab.specials != DEFAULT_SPECIALS:  # a Marian model's
         payload["vocab"]["specials"] = dict(tgt_vocab.specials)
+    if subword_models:
+        stored = {}  # one file named for both sides (a joint model) is stored once
+        for data in subword_models.values():
+            if data not in stored:
+                stored[data] = _as_tensor(data)
+        payload["subword_models"] = {name: stored[data] for name, data in subword_models.items()}
     for key, value in (("train", train_state), ("generation", generation),
                        ("tokenizer", tokenizer)):
         if value:
@@ -163,7 +190,18 @@ def load_checkpoint(path: str) -> Checkpoint:
         raise CheckpointError(f"{path}: bad vocabulary: {err}") from None
     return Checkpoint(data["opt"], vocabs[0], vocabs[1], data["model"], data["generator"],
                       data.get("train", {}), generation=data.get("generation", {}),
-                      tokenizer=data.get("tokenizer", {}))
+                      tokenizer=data.get("tokenizer", {}),
+                      subword_models=_subword_models(data.get("subword_models", {}), path))
+
+
+def _subword_models(stored, path: str) -> dict:
+    """The kept subword model files as bytes, by option name."""
+    if not (isinstance(stored, dict) and all(
+            isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1
+            for v in stored.values())):
+        raise CheckpointError(f"{path}: malformed 'subword_models' (expected files as uint8 "
+                              "tensors by option name)")
+    return {name: data.numpy().tobytes() for name, data in stored.items()}
 
 
 def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTModel:
@@ -190,6 +228,13 @@ def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTMode
             raise CheckpointError(
                 f"{path}: {name} has shape {tuple(state[name].shape)}, the model options and "
                 f"vocabularies need {tuple(tensor.shape)}")
+    for name, value in state.items():
+        # one nan or inf spreads through every score: the output would be garbage
+        if value.is_floating_point() and not torch.isfinite(value.sum()):
+            bad = int(value.numel() - torch.isfinite(value).sum())
+            if bad:  # else a sum of large finite values overflowed
+                raise CheckpointError(f"{path}: weight {name} holds {bad} non-finite values "
+                                      "(nan or inf): the model cannot translate")
     model.load_state_dict(state)
     return model
 

@@ -12,7 +12,8 @@ import io
 import logging
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import tempfile
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import pyonmttok
 import sentencepiece
@@ -68,30 +69,68 @@ class SubwordTransform:
         raise NotImplementedError
 
 
+class Named(str):
+    """A subword model path named in a checkpoint, not given on the command line: ``origin``
+    says so in messages (and, for a file not found, where it was looked for)."""
+
+    def __new__(cls, path: str, origin: str):
+        named = super().__new__(cls, path)
+        named.origin = origin
+        return named
+
+
+class Kept(NamedTuple):
+    """A subword model file kept inside a checkpoint: its name in messages, and its bytes."""
+    name: str  # "checkpoint (the file as the checkpoint names it)", as marian.py names files
+    data: bytes
+    origin = "kept in the checkpoint"
+
+    def __repr__(self) -> str:  # messages show the name, never the bytes
+        return self.name
+
+    __str__ = __repr__
+
+
+def _origin(model, option: str) -> str:
+    """Where a subword model comes from: the option that gave it, or the checkpoint."""
+    return getattr(model, "origin", option)
+
+
 def _check_file(path: str, what: str, option: str) -> None:
     if not os.path.isfile(path):
-        raise TransformError(f"{path}: no such {what} (given by {option})")
+        raise TransformError(f"{path}: no such {what} "
+                             f"({getattr(path, 'origin', f'given by {option}')})")
 
 
-def _load_sentencepiece(path: str, option: str) -> sentencepiece.SentencePieceProcessor:
-    _check_file(path, "sentencepiece model", option)
+def _load_sentencepiece(model, option: str) -> sentencepiece.SentencePieceProcessor:
+    """The sentencepiece model of a path or of a Kept file."""
+    if isinstance(model, Kept):
+        source = {"model_proto": model.data}
+    else:
+        _check_file(model, "sentencepiece model", option)
+        source = {"model_file": model}
     try:
-        return sentencepiece.SentencePieceProcessor(model_file=path)
+        return sentencepiece.SentencePieceProcessor(**source)
     except (OSError, RuntimeError) as err:
-        raise TransformError(f"{path}: not a sentencepiece model ({option}): "
+        raise TransformError(f"{model}: not a sentencepiece model ({_origin(model, option)}): "
                              f"{str(err).strip().splitlines()[0][:200]}") from None
 
 
-def _load_bpe(path: str, option: str) -> BPE:
-    _check_file(path, "BPE codes file", option)
+def _load_bpe(model, option: str) -> BPE:
+    """The BPE codes of a path or of a Kept file."""
     message = io.StringIO()
     try:
-        with open(path, encoding="utf-8") as codes, contextlib.redirect_stderr(message):
+        if isinstance(model, Kept):
+            codes = io.StringIO(model.data.decode("utf-8"))
+        else:
+            _check_file(model, "BPE codes file", option)
+            codes = open(model, encoding="utf-8")
+        with codes, contextlib.redirect_stderr(message):
             return BPE(codes=codes)
     except (ValueError, SystemExit) as err:  # subword-nmt exits on a malformed line, saying why
         why = (message.getvalue().strip() or str(err)).splitlines()[0]
-        raise TransformError(f"{path}: not a subword-nmt BPE codes file ({option}): "
-                             f"{why[:200]}") from None
+        raise TransformError(f"{model}: not a subword-nmt BPE codes file "
+                             f"({_origin(model, option)}): {why[:200]}") from None
 
 
 def sentencepiece_pieces(model: sentencepiece.SentencePieceProcessor) -> List[str]:
@@ -102,8 +141,9 @@ def sentencepiece_pieces(model: sentencepiece.SentencePieceProcessor) -> List[st
 class SentencePieceTransform(SubwordTransform):
     """Raw text <-> sentencepiece pieces, as OpenNMT-py's ``sentencepiece`` transform does it."""
 
-    def __init__(self, src_model: str, tgt_model: str):
-        self.paths = {"src": src_model, "tgt": tgt_model}
+    def __init__(self, src_model, tgt_model):
+        """Each side's model: a file's path, or a Kept file."""
+        self.paths = {"src": str(src_model), "tgt": str(tgt_model)}
         self.models = {"src": _load_sentencepiece(src_model, "-src_subword_model"),
                        "tgt": _load_sentencepiece(tgt_model, "-tgt_subword_model")}
 
@@ -123,7 +163,8 @@ class BPETransform(SubwordTransform):
     """Raw text <-> subword-nmt BPE pieces (``@@`` ends a piece that a word continues), as
     OpenNMT-py's ``bpe`` transform does it."""
 
-    def __init__(self, src_codes: str, tgt_codes: str):
+    def __init__(self, src_codes, tgt_codes):
+        """Each side's codes: a file's path, or a Kept file."""
         self.models = {"src": _load_bpe(src_codes, "-src_subword_model"),
                        "tgt": _load_bpe(tgt_codes, "-tgt_subword_model")}
 
@@ -166,13 +207,26 @@ class OnmtTokenizeTransform(SubwordTransform):
 
 
 def _tokenizer(arguments: Dict[str, Any], option: str) -> pyonmttok.Tokenizer:
-    try:
-        return pyonmttok.Tokenizer(**arguments)
-    except ValueError as err:  # an unknown mode, a model file pyonmttok cannot open
-        raise TransformError(f"{option}: {str(err).strip().splitlines()[0][:200]}") from None
-    except TypeError:  # the names were checked: a value of the wrong type (pybind11 says not which)
-        raise TransformError(f"{option}: pyonmttok.Tokenizer rejects a value of the wrong type "
-                             f"in {arguments}") from None
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return pyonmttok.Tokenizer(**_written(arguments, folder))
+        except ValueError as err:  # an unknown mode, a model file pyonmttok cannot open
+            raise TransformError(f"{option}: {str(err).strip().splitlines()[0][:200]}") from None
+        except TypeError:  # names checked: a value of the wrong type (pybind11 says not which)
+            raise TransformError(f"{option}: pyonmttok.Tokenizer rejects a value of the wrong "
+                                 f"type in {arguments}") from None
+
+
+def _written(arguments: Dict[str, Any], folder: str) -> Dict[str, Any]:
+    """``arguments`` with each Kept file written into ``folder``: pyonmttok reads model files
+    by path only, once, when the tokenizer is made."""
+    out = dict(arguments)
+    for key, value in arguments.items():
+        if isinstance(value, Kept):
+            out[key] = os.path.join(folder, key)
+            with open(out[key], "wb") as f:
+                f.write(value.data)
+    return out
 
 
 def _tokenizer_argument_names() -> set:
@@ -240,39 +294,51 @@ def _model_files(option: Option, transform: str) -> List[str]:
     return files
 
 
-def _resolve(path: str, checkpoint: str) -> str:
-    """A subword model path named in a checkpoint: under the checkpoint's folder, or its file
-    name there (a model shipped beside its checkpoint), else the path as it is."""
+def resolve(path: str, checkpoint: str, name: str) -> str:
+    """A subword model path that a checkpoint names as option ``name``: under the checkpoint's
+    folder, or its file name there (a model shipped beside its checkpoint), else the path as it
+    is; not found, a Named path whose origin says where it was looked for."""
+    if not path:
+        return path
     folder = os.path.dirname(os.path.abspath(checkpoint))
-    for candidate in (os.path.join(folder, path), os.path.join(folder, os.path.basename(path))):
-        if path and os.path.isfile(candidate):
-            return candidate
-    return path
+    places = [os.path.join(folder, path), os.path.join(folder, os.path.basename(path)), path]
+    origin = f"named in the checkpoint {checkpoint}"
+    for place in places:
+        if os.path.isfile(place):
+            return Named(place, origin)
+    looked = ", ".join(dict.fromkeys(os.path.abspath(place) for place in places))
+    return Named(path, f"{origin}, looked for at {looked}; give -{name}")
 
 
-def _with_checkpoint_options(option: Option, checkpoint_opt: dict, checkpoint: str) -> Option:
-    """``option`` where given, else the checkpoint's value (its model files found by _resolve)."""
+def _with_checkpoint_options(option: Option, checkpoint_opt: dict, checkpoint: str,
+                             kept: Dict[str, bytes]) -> Option:
+    """``option`` where given, else the checkpoint's value: its model files as kept in it,
+    else as found by resolve."""
     def value(name: str):
         given = option(name)
         if given is not None:
             return given
         if name.endswith("_subword_model"):
-            return _resolve(checkpoint_opt.get(name) or "", checkpoint)
+            named = checkpoint_opt.get(name) or ""
+            if name in kept:
+                return Kept(f"{checkpoint} ({named})", kept[name])
+            return resolve(named, checkpoint, name)
         return checkpoint_opt.get(name)
     return value
 
 
-def build_transform(option: Option, checkpoint_opt: dict,
-                    checkpoint: str) -> Optional[SubwordTransform]:
+def build_transform(option: Option, checkpoint_opt: dict, checkpoint: str,
+                    kept: Optional[Dict[str, bytes]] = None) -> Optional[SubwordTransform]:
     """The transform the options ask for (``option(name)`` gives the value of ``-name``, None
     when not given), or (given none) the one the checkpoint was trained with, when it names
-    one, with the checkpoint's values of the options not given; None for whitespace-split text."""
+    one, with the checkpoint's values of the options not given; None for whitespace-split text.
+    ``kept``: the subword model files kept in the checkpoint, by option name."""
     transforms = option("transforms")
     if transforms is None:  # not given: the checkpoint's, with its model files
         transforms = checkpoint_opt.get("transforms") or []
         if not any(name in SUBWORD for name in transforms):
             return None
-        option = _with_checkpoint_options(option, checkpoint_opt, checkpoint)
+        option = _with_checkpoint_options(option, checkpoint_opt, checkpoint, kept or {})
         logger.info("applying the checkpoint's transforms %s (source model %s, target model %s)",
                     list(transforms), option("src_subword_model"), option("tgt_subword_model"))
     unknown = [name for name in transforms if name not in SUPPORTED]
@@ -289,3 +355,27 @@ def build_transform(option: Option, checkpoint_opt: dict,
         return OnmtTokenizeTransform.from_options(option)
     files = _model_files(option, subword[0])
     return SentencePieceTransform(*files) if subword[0] == "sentencepiece" else BPETransform(*files)
+
+
+def subword_model_files(opt: dict) -> Dict[str, str]:
+    """The subword model files that the transform of ``opt`` reads, by option name
+    ({"src_subword_model": path, ...}): what a checkpoint keeps."""
+    subword = [name for name in opt.get("transforms") or [] if name in SUBWORD]
+    sides = ("src", "tgt") if subword else ()
+    if subword[:1] == ["onmt_tokenize"]:  # a subword model only where a side has its type
+        sides = [side for side in sides if (opt.get(f"{side}_subword_type") or "none") != "none"]
+    return {f"{side}_subword_model": opt[f"{side}_subword_model"] for side in sides
+            if opt.get(f"{side}_subword_model")}
+
+
+def read_subword_models(files: Dict[str, str]) -> Dict[str, bytes]:
+    """The bytes of each file of subword_model_files, by option name, to keep in a checkpoint."""
+    models = {}
+    for name, path in files.items():
+        try:
+            with open(path, "rb") as f:
+                models[name] = f.read()
+        except OSError as err:
+            raise TransformError(f"{path}: cannot read the subword model (-{name}): "
+                                 f"{err.strerror}") from None
+    return models
