@@ -296,13 +296,44 @@ def test_the_context_attention_is_the_multi_headed_attention(length, src_vocab, 
         assert (weights[1, :, :, src_len[1]:] == 0).all()
 
 
-def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab):
+def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab, padded_batch):
+    """-int8 -fast: torch's dynamic int8 quantisation of the fast model's linear layers, its
+    decoder's cells and its encoder's LSTM; -int8 alone quantises the linear layers only."""
+    import warnings
+
     from torch.ao.nn.quantized.dynamic import LSTM as DynamicQuantizedLSTM
     opt = TINY_RNNS["brnn-LSTM-general"]
-    model = for_inference(make_model(opt, src_vocab, tgt_vocab), "cpu", int8=True, fast=True)
+    model = for_inference(make_model(opt, src_vocab, tgt_vocab, 2), "cpu", int8=True, fast=True)
     assert isinstance(model.encoder.rnn, DynamicQuantizedLSTM)
-    exact_int8 = for_inference(make_model(opt, src_vocab, tgt_vocab), "cpu", int8=True)
+    exact_int8 = for_inference(make_model(opt, src_vocab, tgt_vocab, 2), "cpu", int8=True)
     assert type(exact_int8.encoder.rnn) is torch.nn.LSTM  # -int8 alone keeps exact's encoder
-    lines = _lines(10, 5)
-    quick = Translator(model, src_vocab, tgt_vocab, DecodingOptions(beam_size=3))
-    assert all(t.preds[0] for t in quick.translate(lines))
+    # the int8 encoder is the model's: its states within int8 rounding of fp32's, not equal
+    src, src_len, _ = padded_batch
+    with torch.no_grad():
+        (memory, finals), (memory32, finals32) = (
+            m.encode(src, src_len) for m in (model, make_model(opt, src_vocab, tgt_vocab, 2)))
+    assert not torch.equal(memory, memory32)
+    assert torch.allclose(memory, memory32, atol=1e-2)
+    for state, state32 in zip(finals, finals32):  # h and c, (layers, B, H); the first layer's
+        assert torch.allclose(state, state32, atol=5e-2)  # c strays most (0.02 here)
+    # the last layer's final h: the forward direction's output at each line's last word (the
+    # padding skipped), the backward direction's at its first
+    half = memory.size(2) // 2
+    for row, length in enumerate(src_len.tolist()):
+        assert torch.equal(finals[0][-1, row], torch.cat(
+            [memory[row, length - 1, :half], memory[row, 0, half:]]))
+    # its translations are those of torch's quantize_dynamic of the fast model with these layers
+    recipe = make_model(opt, src_vocab, tgt_vocab, 2)
+    fast.to_fast(recipe.decoder, int8=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recipe = torch.ao.quantization.quantize_dynamic(
+            recipe, {torch.nn.Linear, torch.nn.LSTMCell, torch.nn.LSTM}, dtype=torch.qint8)
+    lines, options = _lines(20, 5), DecodingOptions(beam_size=3, n_best=3)
+    quick = Translator(model, src_vocab, tgt_vocab, options).translate(lines, batch_size=7)
+    expected = Translator(recipe, src_vocab, tgt_vocab, options).translate(lines, batch_size=7)
+    assert [t.preds for t in quick] == [t.preds for t in expected]
+    assert [t.scores for t in quick] == [t.scores for t in expected]
+    assert len({tuple(t.preds[0]) for t in quick}) > 5  # a model whose output varies
+    exact = Translator(exact_int8, src_vocab, tgt_vocab, options).translate(lines, batch_size=7)
+    assert [t.scores for t in exact] != [t.scores for t in quick]
