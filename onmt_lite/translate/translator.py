@@ -1,9 +1,9 @@
 """Translator and build_translator: encode once, tile by beam_size, step, map_state."""
+import argparse
 import contextlib
 import copy
 import itertools
 import logging
-import argparse
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
-from onmt_lite.constants import EOS
 from onmt_lite.cli.options import integer, number
+from onmt_lite.constants import EOS
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.errors import OptionError
 from onmt_lite.models.ensemble import EnsembleModel
@@ -127,7 +127,8 @@ NUMBERS = {
     "repetition_penalty": number(above=0), "patience": number(above=0),
     "diverse_groups": integer(1), "diverse_strength": number(),
     # of the Translator, build_translator and translate
-    "batch_size": integer(1), "shard_size": integer(0), "gpu": integer(-1), "threads": integer(0), "inter_threads": integer(1), "workers": integer(1),
+    "batch_size": integer(1), "shard_size": integer(0), "gpu": integer(-1),
+    "threads": integer(0), "inter_threads": integer(1), "workers": integer(1),
 }
 
 
@@ -505,9 +506,9 @@ def read_phrase_table(path: str) -> List[str]:
     if not path:
         return []
     lines = list(lines_of(path))
-    for number, line in enumerate(lines, 1):
+    for line_number, line in enumerate(lines, 1):
         if "|||" not in line:
-            raise InputError(f"{path}: line {number}: expected 'source|||target', got "
+            raise InputError(f"{path}: line {line_number}: expected 'source|||target', got "
                              f"{line[:40]!r}")
     return lines
 
