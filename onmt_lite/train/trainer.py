@@ -18,7 +18,7 @@ from onmt_lite.errors import OptionError
 from onmt_lite.models.model import MODEL_DEFAULTS, build_model
 from onmt_lite.train.batching import collate, make_examples, token_batches
 from onmt_lite.train.optim import build_optimizer, learning_rate
-from onmt_lite.transforms import build_transform
+from onmt_lite.transforms import build_transform, read_subword_models, subword_model_files
 from onmt_lite.vocab import Vocab
 
 TRAIN_DEFAULTS = {
@@ -176,6 +176,8 @@ def _train(opt: dict, device: str, progress: bool) -> str:
     train_src, train_tgt = read_parallel(*_data_paths(opt, "corpus_1"))
     valid_src, valid_tgt = read_parallel(*_data_paths(opt, "valid"))
     transform = build_transform(lambda name: opt.get(name), {}, "")
+    # every checkpoint keeps the subword models it was trained through: a model is one file
+    kept = read_subword_models(subword_model_files(opt))
     if transform is not None:
         train_src, train_tgt, valid_src, valid_tgt = (
             [" ".join(transform.encode(line, side)) for line in lines] for lines, side in
@@ -253,7 +255,8 @@ def _train(opt: dict, device: str, progress: bool) -> str:
             if step % opt["save_checkpoint_steps"] == 0 or step == opt["train_steps"]:
                 path = f"{opt['save_model']}_step_{step}.pt"
                 save_checkpoint(path, model, src_vocab, tgt_vocab, opt,
-                                train_state={"step": step, "optim": optimizer.state_dict()})
+                                train_state={"step": step, "optim": optimizer.state_dict()},
+                                subword_models=kept)
                 logger.info("saved %s", path)
                 saved.append(path)
                 while opt["keep_checkpoint"] > 0 and len(saved) > opt["keep_checkpoint"]:
@@ -271,7 +274,7 @@ def average_checkpoints(paths, output: str, half: bool = False) -> None:
     avg = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
     averaged.load_state_dict(avg)
     save_checkpoint(output, averaged, ckpts[0].src_vocab, ckpts[0].tgt_vocab, ckpts[0].opt,
-                    half=half)
+                    half=half, subword_models=ckpts[0].subword_models)
 
 
 def last_checkpoints(prefix: str, n: int):

@@ -605,7 +605,8 @@ def build_translator(opt) -> Translator:
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
         values.update(_generation_defaults(ckpt, given, values, path))
     else:
-        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path)
+        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path,
+                                    ckpt.subword_models)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
     del ckpt  # its weights are in the model now: free them before quantising, not after
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
