@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from marian_dirs import SOURCES, generate, write_marian
+from marian_dirs import SOURCES, generate, run_generate, write_marian
 
 from onmt_lite.checkpoint import CheckpointError, load_checkpoint
 from onmt_lite.cli import convert as convert_cli
@@ -92,12 +92,29 @@ def test_command_line_options_win_over_the_models(opus_dir, tmp_path):
 
 
 def test_beam_search_runs_with_the_models_beam_size(opus_dir):
-    translator = build_translator({"model": opus_dir})
-    results = translator.translate(SOURCES, batch_size=3)
-    assert len(results) == len(SOURCES)
-    for result in results:
-        assert translator.tgt_vocab.specials["pad"] not in result.preds[0]
-        assert len(result.preds[0]) <= translator.opt.max_length
+    """No option given: the directory's num_beams (4), max_length, banned <pad> and forced </s>
+    apply; under -search hf that is generate() with no argument: the same tokens, text and
+    score (sequences_scores) on every line."""
+    translator = build_translator({"model": opus_dir, "search": "hf"})
+    assert (translator.opt.beam_size, translator.opt.n_best) == (4, 1)
+    results = translator.translate(SOURCES, batch_size=len(SOURCES))
+    tokenizer, model, out = run_generate(opus_dir, SOURCES)
+    assert model.generation_config.num_beams == 4
+    eos = model.generation_config.eos_token_id
+    assert len(results) == len(out.sequences) == len(SOURCES)
+    for line, result, seq, score in zip(SOURCES, results, out.sequences.tolist(),
+                                        out.sequences_scores.tolist()):
+        generated = seq[1:]
+        ended = eos in generated
+        generated = generated[:generated.index(eos) + 1] if ended else generated
+        theirs = tokenizer.convert_ids_to_tokens(generated)
+        assert result.preds[0] + ["</s>"] * ended == theirs, line
+        assert result.texts[0] == tokenizer.decode(seq, skip_special_tokens=True), line
+        assert result.scores[0] == pytest.approx(score, abs=1e-4), line
+        assert len(result.preds) == 1 and "<pad>" not in result.preds[0]
+    # OpenNMT-py's rules, the default search, take the same beam from the directory
+    default = build_translator({"model": opus_dir})
+    assert (default.opt.beam_size, default.opt.max_length) == (4, translator.opt.max_length)
 
 
 def test_both_beam_engines_force_the_end_at_the_limit(opus_dir):
