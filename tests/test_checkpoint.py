@@ -1,12 +1,14 @@
 """Checkpoints: native round trip, fp16 storage, refusals (CheckpointError naming the file),
-safe loading of hostile pickles, and OpenNMT-py 3.x checkpoints."""
+weights with nan or inf, safe loading of hostile pickles, and OpenNMT-py 3.x checkpoints."""
 import argparse
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import SHARED_FIXTURES, TINY_RNNS, TINY_TRANSFORMER, make_model
+from conftest import ROOT, SHARED_FIXTURES, TINY_RNNS, TINY_TRANSFORMER, make_model, tiny_checkpoint
 
 from onmt_lite.checkpoint import (
     CheckpointError,
@@ -101,6 +103,9 @@ def test_tied_embeddings_round_trip(tgt_vocab, checkpoint_path, padded_batch, sh
     opt = {**TINY_TRANSFORMER, "share_decoder_embeddings": True, shared: True}
     model = make_model(opt, tgt_vocab, tgt_vocab)  # share_embeddings needs one vocabulary
     save_checkpoint(checkpoint_path, model, tgt_vocab, tgt_vocab, opt)
+    payload = raw(checkpoint_path)  # a tied matrix is stored once
+    assert payload["generator"]["weight"].untyped_storage().data_ptr() == payload["model"][
+        "decoder.embeddings.embeddings.weight"].untyped_storage().data_ptr()
     loaded, _ = load_model(checkpoint_path)
     embeddings = loaded.decoder.embeddings.embeddings.weight
     assert loaded.generator.weight is embeddings
@@ -174,6 +179,8 @@ def test_non_dict_payload(tmp_path):
     ({"opt": "rnn"}, ["missing or malformed 'opt'"]),
     ({"vocab": {"src": ["<unk>", "<blank>", "<s>", "</s>"]}}, ["bad vocabulary"]),
     ({"vocab": {"src": ["a", "b"], "tgt": ["a"]}}, ["bad vocabulary", "special tokens"]),
+    ({"subword_models": {"src_subword_model": "spm"}}, ["malformed 'subword_models'"]),
+    ({"subword_models": [torch.zeros(3, dtype=torch.uint8)]}, ["malformed 'subword_models'"]),
 ])
 def test_malformed_payload(model_type_case, src_vocab, tgt_vocab, checkpoint_path, change,
                            fragments):
@@ -233,6 +240,53 @@ def test_weights_of_other_options(transformer_model, src_vocab, tgt_vocab, check
     payload["opt"]["enc_layers"] = 3
     torch.save(payload, checkpoint_path)
     refused(checkpoint_path, "weights do not fit", "encoder.layers.2.")
+
+
+NON_FINITE = "holds {} non-finite values (nan or inf): the model cannot translate"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_weights_with_nan_or_inf_are_refused(model_type_case, src_vocab, tgt_vocab,
+                                            checkpoint_path, bad):
+    payload = saved(model_type_case, src_vocab, tgt_vocab, checkpoint_path)
+    name = sorted(payload["model"])[-1]
+    payload["model"][name].view(-1)[:3] = bad
+    torch.save(payload, checkpoint_path)
+    message = refused(checkpoint_path, f"weight {name} " + NON_FINITE.format(3))
+    assert message == f"{checkpoint_path}: weight {name} " + NON_FINITE.format(3)
+    # the same in fp16 storage, and in the generator
+    payload = saved(model_type_case, src_vocab, tgt_vocab, checkpoint_path)
+    payload["generator"]["bias"] = payload["generator"]["bias"].half()
+    payload["generator"]["bias"][0] = bad
+    torch.save(payload, checkpoint_path)
+    refused(checkpoint_path, "weight generator.bias " + NON_FINITE.format(1))
+
+
+def test_large_finite_weights_load(transformer_model, src_vocab, tgt_vocab, checkpoint_path):
+    """Weights whose sum overflows fp32 are finite: the model loads (and a nan is still found)."""
+    payload = saved(("transformer", TINY_TRANSFORMER, transformer_model), src_vocab, tgt_vocab,
+                    checkpoint_path)
+    payload["generator"]["weight"].fill_(3e38)
+    torch.save(payload, checkpoint_path)
+    assert load_model(checkpoint_path)[0].generator.weight.max() == 3e38
+    payload["generator"]["weight"][1, 1] = float("nan")
+    torch.save(payload, checkpoint_path)
+    refused(checkpoint_path, "weight generator.weight " + NON_FINITE.format(1))
+
+
+def test_command_line_refuses_a_checkpoint_with_nan_in_one_line(tmp_path):
+    path = tiny_checkpoint(tmp_path / "bad.pt")
+    payload = raw(path)
+    payload["model"]["decoder.layers.0.feed_forward.w_1.weight"][0, :3] = float("nan")
+    torch.save(payload, path)
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a b c\n")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model", "bad.pt",
+                          "-src", "in.txt", "-output", "out.txt"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 1 and not out.exists()
+    assert run.stderr == ("translate.py: error: bad.pt: weight decoder.layers.0.feed_forward.w_1"
+                          ".weight " + NON_FINITE.format(3) + "\n")
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -447,6 +501,16 @@ def test_onmt_py_options_missing_a_required_key(transformer_model, src_vocab, tg
     del payload["opt"].heads
     torch.save(payload, checkpoint_path)
     refused(checkpoint_path, "heads")
+
+
+def test_onmt_py_weights_with_nan_are_refused(rnn_model, src_vocab, tgt_vocab, checkpoint_path):
+    write_onmt_py(checkpoint_path, rnn_model, TINY_RNNS["brnn-LSTM-general"], src_vocab,
+                  tgt_vocab)
+    payload = torch.load(checkpoint_path, weights_only=False)
+    payload["model"]["encoder.embeddings.make_embedding.emb_luts.0.weight"][4] = float("inf")
+    torch.save(payload, checkpoint_path)
+    # named as onmt_lite names the weight
+    refused(checkpoint_path, "weight encoder.embeddings.weight " + NON_FINITE.format(12))
 
 
 def test_onmt_py_weights_of_another_vocabulary(transformer_model, src_vocab, tgt_vocab,
