@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from onmt_lite.cli import translate as translate_cli
@@ -28,15 +29,54 @@ def test_tiny_model_translates(tiny_model, tmp_path):
     assert lines == ["RED CAT RUNS", "SMALL BIRD SITS", "", "BIG DOG"]
 
 
-def test_greedy_equals_beam_one_and_double_dash(tiny_model, tmp_path):
+def argmax_decoding(model_path: str, lines):
+    """Greedy decoding written out: the best next token of the model at each step, the whole
+    prefix decoded again each time, up to OpenNMT-py's limit for the batch of all the lines.
+    -> [(text, score)], the score as OpenNMT-py's greedy search gives it: the summed
+    log-probabilities divided by the length with <s> and </s>."""
+    from onmt_lite.checkpoint import load_model
+    model, ckpt = load_model(model_path)
+    words = [line.split() for line in lines]
+    limit = int(min(250, max(len(w) for w in words) * 1.25 + 5))
+    results = []
+    with torch.no_grad():
+        for line in words:
+            src = torch.tensor([ckpt.src_vocab.encode(line)])
+            src_len = torch.tensor([len(line)])
+            prefix, total, steps = [ckpt.tgt_vocab.bos], 0.0, 0
+            for steps in range(1, limit + 1):
+                log_probs, _ = model(src, src_len, torch.tensor([prefix]))
+                token = int(log_probs[0, -1].argmax())
+                total += float(log_probs[0, -1, token])
+                if token == ckpt.tgt_vocab.eos:
+                    break
+                prefix.append(token)
+            results.append((" ".join(ckpt.tgt_vocab.decode(prefix[1:])), total / (steps + 1)))
+    return results
+
+
+def test_greedy_equals_beam_one_and_double_dash(tmp_path):
+    """-beam_size 1, all else default, is greedy decoding (the model's best token at each
+    step), with its score; the options spelled with two dashes are the same options. A seeded
+    untrained model, whose greedy and beam-5 translations differ."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    lines = ["a b c", "d e f a b", "f f", "c a e d b f a"]
     src = tmp_path / "in.txt"
-    src.write_text("red cat runs\ngreen dog sits big\n")
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    assert _run(["--model", tiny_model, "--src", src, "--output", a, "--beam_size", 1,
-                 "--with_score"]) == 0
-    assert _run(["-model", tiny_model, "-src", src, "-output", b, "-beam_size", "1",
+    src.write_text("".join(line + "\n" for line in lines))
+    a, b, beam = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "beam.txt"
+    assert _run(["-model", model, "-src", src, "-output", a, "-beam_size", "1",
                  "-with_score"]) == 0
-    assert a.read_text() == b.read_text()
+    written = [line.split("\t") for line in a.read_text().split("\n")[:-1]]
+    expected = argmax_decoding(model, lines)
+    assert [text for text, _ in written] == [text for text, _ in expected]
+    assert [float(score) for _, score in written] == pytest.approx(
+        [score for _, score in expected], abs=1e-5)
+    assert _run(["--model", model, "--src", src, "--output", b, "--beam_size", 1,
+                 "--with_score"]) == 0
+    assert b.read_text() == a.read_text()
+    assert _run(["-model", model, "-src", src, "-output", beam]) == 0
+    assert beam.read_text().split("\n")[:-1] != [text for text, _ in written]
 
 
 def test_n_best_and_with_score(tiny_model, tmp_path):
