@@ -89,10 +89,11 @@ def test_hf_search_is_generates(named_folder, case):
     expected = hf_hypotheses(folder, LINES, **theirs_args)
     eos = translator.tgt_vocab.specials["eos"]
     ties = set()
+    assert len(results) == len(expected) == len(LINES)
     for line, result, theirs in zip(LINES, results, expected):
+        assert len(result.preds) == len(result.scores) == len(theirs), line  # none left over
         ours = [(pred + [eos] * (tokens[-1:] == [eos]), score)
                 for pred, score, (tokens, _) in zip(result.preds, result.scores, theirs)]
-        assert len(ours) == len(theirs), line
         if [tokens for tokens, _ in ours] != [tokens for tokens, _ in theirs]:
             ties.add((name, case, line))  # equal scores, other hypotheses in front
             assert [s for _, s in ours] == pytest.approx([s for _, s in theirs], abs=1e-6)
