@@ -2,9 +2,10 @@
 the hypotheses that fairseq 0.12.2 gives on it, in the same order, with its scores, with its
 BeamSearch and with its DiverseBeamSearch (``-diverse_groups``, ``-diverse_strength``).
 
-The reference (tests/reference/fairseq.json) is fairseq's own search driving the same weights,
-made by tests/reference/make_fairseq.py in a side environment; the fixture is read from
-../shared; the tests of the finishing rules and of the options need none of it.
+The reference (tests/reference/fairseq.json) is fairseq's own search driving onmt_lite's model
+of the same weights (it proves the search rule, not the model), made by
+tests/reference/make_fairseq.py in a side environment; the fixture is read from ../shared; the
+tests of the finishing rules and of the options need none of it.
 """
 import json
 import os

@@ -5,7 +5,8 @@ included, scored -1e7).
 
 The reference (tests/reference/tensorflow.json) is that search's own output, run as it ships
 (tf-models-official 2.20, tensorflow-cpu) by tests/reference/make_tensorflow.py in a side
-environment, driving onmt_lite's model of the same weights; the fixture is read from ../shared.
+environment, driving onmt_lite's model of the same weights (it proves the search rule, not the
+model); the fixture is read from ../shared.
 """
 import json
 import os

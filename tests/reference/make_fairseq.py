@@ -8,6 +8,12 @@ FairseqIncrementalDecoder returns the next token's logits (fairseq takes their l
 reorders the decoder's state when fairseq reorders its hypotheses. Its target dictionary is the
 fixture's vocabulary (pad, unk and </s> at their ids); decoding starts from <s>.
 
+So the reference proves the search rule, not the model: the log-probabilities fairseq's search
+ranks are those of onmt_lite's own model, with onmt_lite's decoder state reordered at fairseq's
+request, so an error in onmt_lite's model or its state handling would be on both sides and go
+unseen here. The model is checked against OpenNMT-py's own outputs (test_parity.py and the
+other OpenNMT-py references).
+
 One thing is not as it ships: fairseq's no_repeat_ngram_size on CPU (its Python fallback of the
 CUDA kernel) reads the last n-1 entries of the whole token buffer, which are padding until the
 end, so it blocks nothing; the case that uses it hands the fallback the tokens so far, which is

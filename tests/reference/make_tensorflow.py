@@ -4,6 +4,11 @@ tensorflow-cpu) on the first LINES lines of test_2016_flickr, for test_search_te
 
 TensorFlow's search drives onmt_lite's model of the OpenNMT-py Transformer fixture (the same
 weights): its symbols_to_logits_fn returns the model's next-token logits for the whole prefix.
+So the reference proves the search rule, not the model: the logits TensorFlow's search ranks are
+onmt_lite's own model's, and an error in that model would be on both sides and go unseen here
+(the prefix is decoded whole at each step, so onmt_lite's step-by-step decoder state is not
+used). The model is checked against OpenNMT-py's own outputs (test_parity.py and the other
+OpenNMT-py references).
 TensorFlow is not a dependency: run this in a side virtualenv, from the repository root:
 
     python3 -m venv ~/tf-peers && ~/tf-peers/bin/pip install torch==2.13.0 tensorflow-cpu
