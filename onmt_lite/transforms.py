@@ -104,27 +104,27 @@ def _check_file(path: str, what: str, option: str) -> None:
 
 def _load_sentencepiece(model, option: str) -> sentencepiece.SentencePieceProcessor:
     """The sentencepiece model of a path or of a Kept file."""
-    if isinstance(model, Kept):
-        source = {"model_proto": model.data}
-    else:
-        _check_file(model, "sentencepiece model", option)
-        source = {"model_file": model}
+    processor = sentencepiece.SentencePieceProcessor()
     try:
-        return sentencepiece.SentencePieceProcessor(**source)
+        if isinstance(model, Kept):  # (model_proto=b"" would load nothing, and say nothing)
+            processor.LoadFromSerializedProto(model.data)
+        else:
+            _check_file(model, "sentencepiece model", option)
+            processor.Load(model_file=model)
     except (OSError, RuntimeError) as err:
         raise TransformError(f"{model}: not a sentencepiece model ({_origin(model, option)}): "
                              f"{str(err).strip().splitlines()[0][:200]}") from None
+    return processor
 
 
 def _load_bpe(model, option: str) -> BPE:
     """The BPE codes of a path or of a Kept file."""
+    if not isinstance(model, Kept):
+        _check_file(model, "BPE codes file", option)
     message = io.StringIO()
     try:
-        if isinstance(model, Kept):
-            codes = io.StringIO(model.data.decode("utf-8"))
-        else:
-            _check_file(model, "BPE codes file", option)
-            codes = open(model, encoding="utf-8")
+        codes = io.StringIO(model.data.decode("utf-8")) if isinstance(model, Kept) else \
+            open(model, encoding="utf-8")
         with codes, contextlib.redirect_stderr(message):
             return BPE(codes=codes)
     except (ValueError, SystemExit) as err:  # subword-nmt exits on a malformed line, saying why

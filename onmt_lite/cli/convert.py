@@ -35,8 +35,9 @@ def subword_models(args, ckpt) -> dict:
     files = subword_model_files(ckpt.opt)
     unused = sorted(set(given) - set(files))
     if unused:
-        raise TransformError(f"-{unused[0]}: the model's transforms "
-                             f"{ckpt.opt.get('transforms') or []} read no such file")
+        transforms = ", ".join(ckpt.opt.get("transforms") or []) or "none"
+        raise TransformError(f"-{unused[0]}: the transforms of {args.model} ({transforms}) read "
+                             f"no {unused[0][:3]} subword model")
     kept, found = {}, {}
     for name, path in files.items():
         if name in given:
