@@ -233,8 +233,9 @@ def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTMode
         if value.is_floating_point() and not torch.isfinite(value.sum()):
             bad = int(value.numel() - torch.isfinite(value).sum())
             if bad:  # else a sum of large finite values overflowed
-                raise CheckpointError(f"{path}: weight {name} holds {bad} non-finite values "
-                                      "(nan or inf): the model cannot translate")
+                raise CheckpointError(f"{path}: weight {name} holds {bad} non-finite "
+                                      f"value{'s' if bad > 1 else ''} (nan or inf): the model "
+                                      "cannot translate")
     model.load_state_dict(state)
     return model
 
