@@ -252,8 +252,8 @@ def test_weights_with_nan_or_inf_are_refused(model_type_case, src_vocab, tgt_voc
     name = sorted(payload["model"])[-1]
     payload["model"][name].view(-1)[:3] = bad
     torch.save(payload, checkpoint_path)
-    message = refused(checkpoint_path, f"weight {name} " + NON_FINITE.format("3 non-finite values"))
-    assert message == f"{checkpoint_path}: weight {name} " + NON_FINITE.format("3 non-finite values")
+    expected = f"weight {name} " + NON_FINITE.format("3 non-finite values")
+    assert refused(checkpoint_path, expected) == f"{checkpoint_path}: {expected}"
     # the same in fp16 storage, and in the generator
     payload = saved(model_type_case, src_vocab, tgt_vocab, checkpoint_path)
     payload["generator"]["bias"] = payload["generator"]["bias"].half()
@@ -510,7 +510,8 @@ def test_onmt_py_weights_with_nan_are_refused(rnn_model, src_vocab, tgt_vocab, c
     payload["model"]["encoder.embeddings.make_embedding.emb_luts.0.weight"][4] = float("inf")
     torch.save(payload, checkpoint_path)
     # named as onmt_lite names the weight
-    refused(checkpoint_path, "weight encoder.embeddings.weight " + NON_FINITE.format("12 non-finite values"))
+    refused(checkpoint_path,
+            "weight encoder.embeddings.weight " + NON_FINITE.format("12 non-finite values"))
 
 
 def test_onmt_py_weights_of_another_vocabulary(transformer_model, src_vocab, tgt_vocab,

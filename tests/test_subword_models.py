@@ -115,7 +115,8 @@ def test_a_subword_model_given_on_the_command_line_wins_over_the_kept_one(tmp_pa
         translator = build_translator({"model": checkpoint, "tgt_subword_model": given,
                                        "beam_size": 1, "max_length": 3})
     assert (f"(source model {checkpoint} ({spm}), target model {given})") in caplog.text
-    pieces = sentencepiece.SentencePieceProcessor(model_file=given).encode("two seven", out_type=str)
+    pieces = sentencepiece.SentencePieceProcessor(model_file=given).encode("two seven",
+                                                                           out_type=str)
     assert translator.translate(["two seven"])[0].src == pieces
 
 
