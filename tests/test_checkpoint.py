@@ -514,6 +514,18 @@ def test_onmt_py_weights_with_nan_are_refused(rnn_model, src_vocab, tgt_vocab, c
             "weight encoder.embeddings.weight " + NON_FINITE.format("12 non-finite values"))
 
 
+def test_marian_weights_with_nan_are_refused(tmp_path):
+    pytest.importorskip("transformers")
+    from marian_dirs import write_marian
+    folder = write_marian(tmp_path / "marian", bin_weights=True)
+    weights = os.path.join(folder, "pytorch_model.bin")
+    state = torch.load(weights, weights_only=True)
+    state["model.decoder.layers.1.fc1.weight"][0, :2] = float("nan")
+    torch.save(state, weights)
+    refused(folder, "weight decoder.layers.1.feed_forward.w_1.weight "
+            + NON_FINITE.format("2 non-finite values"))
+
+
 def test_onmt_py_weights_of_another_vocabulary(transformer_model, src_vocab, tgt_vocab,
                                                checkpoint_path):
     write_onmt_py(checkpoint_path, transformer_model, TINY_TRANSFORMER, src_vocab, tgt_vocab)
