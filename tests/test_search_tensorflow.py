@@ -65,17 +65,9 @@ def test_tf_search_is_tensorflows(case):
 # Where a sentence has fewer finished hypotheses than the beam, TensorFlow's finished slots keep
 # their zeros: a candidate that did not end scores log-probability - 1e7, which float32 rounds
 # to -1e7 when the log-probability is above about -0.5, a tie with the empty slots, and
-# tf.nn.top_k puts the lower index (the slot already there) first. torch.topk breaks such ties
-# either way, so onmt_lite's AliveFinished may record an unfinished prefix in an empty slot and
-# return it as a hypothesis scored -1e7 (e.g. "zwei").
-UNFINISHED_IN_EMPTY_SLOTS = pytest.mark.xfail(strict=True, reason=(
-    "AliveFinished (-search tf) lets torch.topk take a candidate that did not end into an "
-    "empty finished slot on a float32 tie at -1e7; TensorFlow's top_k keeps the empty slot"))
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(case, marks=UNFINISHED_IN_EMPTY_SLOTS) if case in (
-        "beam 5, alpha 0", "beam 5, alpha 0.6, 8 tokens at most") else case for case in CASES])
+# tf.nn.top_k puts the lower index (the slot already there) first; so must onmt_lite (torch.topk
+# breaks ties either way: an unfinished prefix such as "zwei" would come back scored -1e7).
+@pytest.mark.parametrize("case", CASES)
 def test_tf_search_leaves_empty_slots_empty(case):
     """Slots that nothing finished in are returned empty, as TensorFlow returns them."""
     results = translate(case)

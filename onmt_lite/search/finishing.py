@@ -428,6 +428,13 @@ class DiverseGroups(FirstFinished):
 TF_INF = 1.0e7  # TensorFlow official models' finite "infinity" for float32
 
 
+def _top_first(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of each row's k best scores, ties to the lower index, as tf.nn.top_k: an
+    unfinished candidate scored -1e7 in float32 must not displace an empty finished slot
+    (also -1e7) that comes before it. torch.topk breaks ties either way."""
+    return scores.sort(dim=1, descending=True, stable=True).indices[:, :k]
+
+
 class AliveFinished:
     """The beam search of TensorFlow's official models (``official/nlp/modeling/ops/
     beam_search.py``): 2k candidates by summed log-probability; the k best that did not end stay
@@ -464,11 +471,11 @@ class AliveFinished:
         k = self.k
         ends = tokens.eq(self.eos).float()
         alive = values + ends * -TF_INF
-        going_on = alive.topk(k, dim=1).indices
+        going_on = _top_first(alive, k)
         self.alive = alive.gather(1, going_on)
         new = values / self._norm(step) + (1.0 - ends) * -TF_INF
         merged = torch.cat([self.scores, new], dim=1)
-        chosen = merged.topk(k, dim=1).indices
+        chosen = _top_first(merged, k)
         if bool(ends.any()):
             _take_finished(self.slots, chosen, width, path)
         self.scores = merged.gather(1, chosen)
