@@ -279,10 +279,10 @@ def test_int8_and_bf16_translate_and_fp16_needs_a_gpu(tiny_model, tmp_path, caps
     quantised = build_translator({"model": tiny_model, "int8": True}).model
     assert any("quantized" in type(m).__module__ for m in quantised.modules())
     capsys.readouterr()
-    assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "fp16"]) == 1
+    assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "fp16"]) == 2
     assert "-precision fp16 needs a GPU" in capsys.readouterr().err
     assert _run(["-model", tiny_model, "-src", src, "-output", fp32, "-precision", "bf16",
-                 "-int8"]) == 1
+                 "-int8"]) == 2
     assert "exclude each other" in capsys.readouterr().err
 
 

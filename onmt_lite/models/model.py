@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from onmt_lite.errors import OptionError
 from onmt_lite.models.bfloat16 import to_bfloat16
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
@@ -146,14 +147,14 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     compiled or not (see fast.py); searches keep their scores in fp32."""
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     if precision not in dtypes:
-        raise ValueError(f"-precision must be one of {', '.join(dtypes)}")
+        raise OptionError(f"-precision must be one of {', '.join(dtypes)}")
     on_gpu = device.startswith("cuda")
     if precision == "fp16" and not on_gpu:
-        raise ValueError("-precision fp16 needs a GPU (-gpu N); on CPU use bf16")
+        raise OptionError("-precision fp16 needs a GPU (-gpu N); on CPU use bf16")
     if int8 and on_gpu:
-        raise ValueError("-int8 is for CPU decoding (drop -gpu)")
+        raise OptionError("-int8 is for CPU decoding (drop -gpu)")
     if int8 and precision != "fp32":
-        raise ValueError(f"-int8 and -precision {precision} exclude each other")
+        raise OptionError(f"-int8 and -precision {precision} exclude each other")
     model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
     if fast or compile:
         to_fast(model.decoder, compile, compile_cache, int8)
