@@ -395,16 +395,15 @@ def test_the_raw_text_recipe_trains_on_pieces_and_its_checkpoint_names_the_trans
     model, _ = load_model(last)
     assert model.encoder.embeddings.weight is model.decoder.embeddings.weight
     assert model.generator.weight is model.decoder.embeddings.weight
-    # shipped as a model beside its sentencepiece file: found there, wherever it was trained
+    # the checkpoint keeps its sentencepiece model: copied alone anywhere, it translates
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     shutil.copy(last, shipped / "model.pt")
-    shutil.copy(spm, shipped / "pieces.spm")
     os.remove(spm)
     with caplog.at_level(logging.INFO, logger="onmt_lite"):
         translator = build_translator({"model": str(shipped / "model.pt"), "beam_size": 2,
                                        "max_length": 5})
-    assert str(shipped / "pieces.spm") in caplog.text
+    assert f"source model {shipped / 'model.pt'} ({spm})" in caplog.text
     (result,) = translator.translate(["two seven"])
     assert result.src_vocab == pieces.encode("two seven", out_type=str)  # pieces in, text out
     assert "\u2581" not in result.texts[0]
