@@ -20,6 +20,7 @@ import sentencepiece
 from subword_nmt.apply_bpe import BPE
 
 from onmt_lite.constants import EOS, PAD
+from onmt_lite.errors import OptionError
 
 logger = logging.getLogger("onmt_lite")
 
@@ -36,6 +37,10 @@ Option = Callable[[str], Any]  # the value of -name, None when not given
 
 class TransformError(ValueError):
     """A transform that cannot be set up; the message names the file or option."""
+
+
+class TransformOptionError(TransformError, OptionError):
+    """A transform option, or a combination, that is refused (exit 2, as other option errors)."""
 
 
 class SubwordTransform:
@@ -211,9 +216,9 @@ def _tokenizer(arguments: Dict[str, Any], option: str) -> pyonmttok.Tokenizer:
         try:
             return pyonmttok.Tokenizer(**_written(arguments, folder))
         except ValueError as err:  # an unknown mode, a model file pyonmttok cannot open
-            raise TransformError(f"{option}: {str(err).strip().splitlines()[0][:200]}") from None
+            raise TransformOptionError(f"{option}: {str(err).strip().splitlines()[0][:200]}") from None
         except TypeError:  # names checked: a value of the wrong type (pybind11 says not which)
-            raise TransformError(f"{option}: pyonmttok.Tokenizer rejects a value of the wrong "
+            raise TransformOptionError(f"{option}: pyonmttok.Tokenizer rejects a value of the wrong "
                                  f"type in {arguments}") from None
 
 
@@ -246,14 +251,14 @@ def _onmttok_kwargs(given: Any, option: str) -> Dict[str, Any]:
         except (ValueError, TypeError, SyntaxError, RecursionError):
             kwargs = None
     if not isinstance(kwargs, dict):
-        raise TransformError(f"{option}: expected a Python dict such as "
+        raise TransformOptionError(f"{option}: expected a Python dict such as "
                              f"\"{{'mode': 'aggressive', 'joiner_annotate': True}}\", got {given!r}")
     names = _tokenizer_argument_names()
     unknown = [key for key in kwargs if names and key not in names]
     if unknown:
-        raise TransformError(f"{option}: {unknown[0]!r} is not a pyonmttok.Tokenizer argument")
+        raise TransformOptionError(f"{option}: {unknown[0]!r} is not a pyonmttok.Tokenizer argument")
     if "mode" not in kwargs:
-        raise TransformError(f"{option}: pyonmttok needs a 'mode' (none, space, conservative, "
+        raise TransformOptionError(f"{option}: pyonmttok needs a 'mode' (none, space, conservative, "
                              f"aggressive or char), got {given!r}")
     return kwargs
 
@@ -264,10 +269,10 @@ def _tokenizer_arguments(option: Option, side: str) -> Dict[str, Any]:
     no subword sampling), then the side's onmttok kwargs."""
     kind, model = option(f"{side}_subword_type") or "none", option(f"{side}_subword_model")
     if kind not in SUBWORD_TYPES:
-        raise TransformError(f"-{side}_subword_type: {kind!r} is not one of "
+        raise TransformOptionError(f"-{side}_subword_type: {kind!r} is not one of "
                              f"{', '.join(SUBWORD_TYPES)}")
     if kind != "none" and not model:
-        raise TransformError(f"-{side}_subword_type {kind} needs -{side}_subword_model")
+        raise TransformOptionError(f"-{side}_subword_type {kind} needs -{side}_subword_model")
     subword: Dict[str, Any] = {}
     if kind == "bpe":
         _load_bpe(model, f"-{side}_subword_model")  # pyonmttok takes any file for BPE codes
@@ -281,7 +286,7 @@ def _tokenizer_arguments(option: Option, side: str) -> Dict[str, Any]:
     kwargs = _onmttok_kwargs(option(f"{side}_onmttok_kwargs"), f"-{side}_onmttok_kwargs")
     clash = [key for key in kwargs if key in subword]
     if clash:
-        raise TransformError(f"-{side}_onmttok_kwargs: {clash[0]!r} is set by "
+        raise TransformOptionError(f"-{side}_onmttok_kwargs: {clash[0]!r} is set by "
                              f"-{side}_subword_type and -{side}_subword_model")
     return {**subword, **kwargs}
 
@@ -290,7 +295,7 @@ def _model_files(option: Option, transform: str) -> List[str]:
     files = [option("src_subword_model"), option("tgt_subword_model")]
     for path, side in zip(files, ("src", "tgt")):
         if not path:
-            raise TransformError(f"-transforms {transform} needs -{side}_subword_model")
+            raise TransformOptionError(f"-transforms {transform} needs -{side}_subword_model")
     return files
 
 
@@ -343,11 +348,11 @@ def build_transform(option: Option, checkpoint_opt: dict, checkpoint: str,
                     list(transforms), option("src_subword_model"), option("tgt_subword_model"))
     unknown = [name for name in transforms if name not in SUPPORTED]
     if unknown:
-        raise TransformError(f"-transforms: {', '.join(unknown)} not supported (supported: "
+        raise TransformOptionError(f"-transforms: {', '.join(unknown)} not supported (supported: "
                              f"{', '.join(SUPPORTED)})")
     subword = [name for name in transforms if name in SUBWORD]
     if len(subword) > 1:
-        raise TransformError(f"-transforms: one subword transform at a time, got "
+        raise TransformOptionError(f"-transforms: one subword transform at a time, got "
                              f"{', '.join(subword)}")
     if not subword:
         return None

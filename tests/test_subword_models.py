@@ -222,7 +222,7 @@ def test_convert_takes_the_files_given_and_warns_of_those_not_found(tmp_path, ca
     with open(spm, "rb") as f:
         assert_stored_once(target, f.read())
     assert convert.main(["-model", SHIPPED.replace("_raw", ""), "-output", target,
-                         "-src_subword_model", spm]) == 1
+                         "-src_subword_model", spm]) == 2  # an option error
     assert capsys.readouterr().err == (
         f"onmt_lite_convert: error: -src_subword_model: the transforms of "
         f"{SHIPPED.replace('_raw', '')} (none) read no src subword model\n")

@@ -220,9 +220,13 @@ def test_command_line_errors_take_one_line(src_vocab, tgt_vocab, tmp_path, capsy
     src.write_text("a b\n")
     args = ["-model", ckpt, "-src", str(src), "-output", str(tmp_path / "out"),
             "-transforms", "onmt_tokenize"]
-    assert translate_cli.main(args + ["-tgt_onmttok_kwargs", "{'mode': 'fancy'}"]) == 1
+    assert translate_cli.main(args + ["-tgt_onmttok_kwargs", "{'mode': 'fancy'}"]) == 2
     assert capsys.readouterr().err == ("translate.py: error: -tgt_onmttok_kwargs: invalid "
                                        "tokenization mode: fancy\n")
+    missing = ["-model", ckpt, "-src", str(src), "-output", str(tmp_path / "out"),
+               "-transforms", "bpe", "-src_subword_model", str(tmp_path / "no.codes")]
+    assert translate_cli.main(missing) == 2  # an option missing: an option error
+    assert capsys.readouterr().err == "translate.py: error: -transforms bpe needs -tgt_subword_model\n"
     with pytest.raises(SystemExit) as stop:
         translate_cli.main(args + ["-src_subword_type", "wordpiece"])
     assert stop.value.code == 2

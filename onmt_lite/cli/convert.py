@@ -7,7 +7,14 @@ import sys
 
 from onmt_lite.checkpoint import CheckpointError, load_model, save_checkpoint
 from onmt_lite.cli.options import Parser, add
-from onmt_lite.transforms import TransformError, read_subword_models, resolve, subword_model_files
+from onmt_lite.errors import OptionError
+from onmt_lite.transforms import (
+    TransformError,
+    TransformOptionError,
+    read_subword_models,
+    resolve,
+    subword_model_files,
+)
 
 SIDES = ("src_subword_model", "tgt_subword_model")
 
@@ -36,7 +43,7 @@ def subword_models(args, ckpt) -> dict:
     unused = sorted(set(given) - set(files))
     if unused:
         transforms = ", ".join(ckpt.opt.get("transforms") or []) or "none"
-        raise TransformError(f"-{unused[0]}: the transforms of {args.model} ({transforms}) read "
+        raise TransformOptionError(f"-{unused[0]}: the transforms of {args.model} ({transforms}) read "
                              f"no {unused[0][:3]} subword model")
     kept, found = {}, {}
     for name, path in files.items():
@@ -59,7 +66,7 @@ def main(argv=None) -> int:
         kept = subword_models(args, ckpt)
     except (CheckpointError, TransformError) as err:
         print(f"onmt_lite_convert: error: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, OptionError) else 1
     save_checkpoint(args.output, model, ckpt.src_vocab, ckpt.tgt_vocab, ckpt.opt, half=args.half,
                     generation=ckpt.generation, tokenizer=ckpt.tokenizer, subword_models=kept)
     keeping = sorted({ckpt.opt[name] for name in kept})

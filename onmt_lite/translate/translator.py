@@ -27,7 +27,7 @@ from onmt_lite.search.global_scorer import COVERAGE_PENALTIES, LENGTH_PENALTIES,
 from onmt_lite.search.loop import beam_search
 from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
-from onmt_lite.transforms import SubwordTransform, TransformError, build_transform
+from onmt_lite.transforms import SubwordTransform, TransformError, TransformOptionError, build_transform
 from onmt_lite.translate.distributed import block, gather, join, local_rank, world
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.workers import WorkerPool
@@ -599,7 +599,7 @@ def build_translator(opt) -> Translator:
         values["max_length_ratio"] = 0.0  # OpenNMT-py's limit: the other toolkits have none
     if ckpt.tokenizer.get("kind") == "marian":
         if _get(opt, "transforms"):
-            raise TransformError("-transforms: a Marian model brings its own tokenizer "
+            raise TransformOptionError("-transforms: a Marian model brings its own tokenizer "
                                  "(source.spm, target.spm, vocab.json)")
         transform = marian.build_tokenizer(ckpt.tokenizer, path)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
