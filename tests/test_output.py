@@ -1,6 +1,8 @@
 """Output files: atomic replacement of regular files (mode kept), writing through links, FIFOs
-and devices, refusals before the model loads, and clean stops on SIGINT / SIGTERM."""
+and devices, refusals before the model loads (an output that is an input, an empty path), and
+clean stops on SIGINT / SIGTERM."""
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -9,6 +11,7 @@ import threading
 import time
 
 import pytest
+from conftest import tiny_checkpoint
 
 from onmt_lite.cli import translate as translate_cli
 from onmt_lite.output import OutputError, OutputFile, check_output
@@ -99,8 +102,10 @@ def test_read_only_file_is_refused_even_for_root(tmp_path):
 @pytest.mark.parametrize("make, message", [
     (lambda p: p / "missing" / "out.txt", "does not exist"),
     (lambda p: p, "is a directory"),
+    (lambda p: p / "file.txt" / "sub" / "out.txt", "file.txt is a file, not a folder"),
 ])
 def test_unwritable_paths_are_named(tmp_path, make, message):
+    (tmp_path / "file.txt").write_text("")
     path = str(make(tmp_path))
     with pytest.raises(OutputError) as err:
         check_output(path)
@@ -148,26 +153,154 @@ def _start(args, tmp_path):
                             stderr=subprocess.PIPE, text=True)
 
 
+def _read(fd: int, seen: bytearray, until: bytes = b"", timeout: float = 300) -> None:
+    """Reads ``fd`` into ``seen`` until ``until`` is in it, or, without ``until``, to its end."""
+    deadline = time.monotonic() + timeout
+    while not until or until not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"{until!r} not seen in {timeout} s: {bytes(seen[-2000:])!r}"
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            assert not until, f"the run ended before {until!r}: {bytes(seen[-2000:])!r}"
+            return
+        seen += chunk
+
+
+@pytest.mark.parametrize("moment", ["waiting for input", "writing a log line"])
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_stops_cleanly_and_keeps_the_old_output(tiny_model, tmp_path, signum, status):
-    big = tmp_path / "big.txt"
-    big.write_text("red cat runs big dog sits\n" * 200000)  # minutes of work: stopped midway
+def test_signal_stops_cleanly_and_keeps_the_old_output(tiny_model, tmp_path, signum, status,
+                                                       moment):
+    """The source is a FIFO fed one line, whose translation -verbose logs. The signal comes
+    once that log line is out, while the run waits for the next source line; or, with a
+    reference of 1 MB in the log line, once it has begun: standard error is read no further,
+    so the run is stuck in the middle of writing it."""
+    fifo = tmp_path / "src.fifo"
+    os.mkfifo(fifo)
+    source = os.open(fifo, os.O_RDWR)  # read and write: opens at once (Linux), and no EOF
     out = tmp_path / "pred.txt"
     out.write_text("the old output\n")
-    proc = _start(["-model", tiny_model, "-src", big, "-output", out, "-shard_size", 2000,
-                   "-batch_size", 8, "-progress"], tmp_path)
-    deadline = time.time() + 60
-    while time.time() < deadline and not leftovers(tmp_path):  # translating: the temp exists
-        time.sleep(0.05)
-    assert leftovers(tmp_path), "the translation never started"
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == status, err
-    last = err.strip().splitlines()[-1]
-    assert last == f"translate.py: stopped by {signal.Signals(signum).name}; {out} is left as it was"
-    assert "Traceback" not in err
+    args = ["-model", tiny_model, "-src", fifo, "-output", out, "-shard_size", 1, "-verbose"]
+    if moment == "writing a log line":
+        (tmp_path / "ref.txt").write_text(" ".join(["REF" * 80000] * 4) + "\n")
+        args += ["-tgt", tmp_path / "ref.txt"]
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "translate.py"), *map(str, args)],
+                            cwd=str(tmp_path), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = bytearray()
+    try:
+        os.write(source, b"red cat runs\n")
+        _read(proc.stderr.fileno(), err,
+              b"PRED SCORE:" if moment == "waiting for input" else b"SENT 1:")
+        assert leftovers(tmp_path), "no temporary output: the run is not writing"
+        proc.send_signal(signum)
+        _read(proc.stderr.fileno(), err, timeout=120)
+        assert proc.wait(timeout=60) == status
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(source)
+    err = err.decode()  # a log line cut short is followed by the stop's own line
+    assert err.endswith(f"translate.py: stopped by {signal.Signals(signum).name}; "
+                        f"{out} is left as it was\n")
+    assert "Traceback" not in err and "Logging error" not in err
     assert out.read_text() == "the old output\n" and leftovers(tmp_path) == []
+
+
+def cli(args, cwd, **kwargs) -> subprocess.CompletedProcess:
+    """translate.py as a user runs it, in the folder ``cwd``."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), *map(str, args)],
+                          cwd=str(cwd), capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def files_in(folder) -> dict:
+    return {name: (folder / name).read_bytes() if (folder / name).is_file() else None
+            for name in sorted(os.listdir(folder))}
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """A folder with the files of a run; model.pt is no checkpoint: refusals come before it
+    loads."""
+    (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "in.txt").write_text("red cat runs\n")
+    (tmp_path / "ref.txt").write_text("RED CAT RUNS\n")
+    (tmp_path / "run.yaml").write_text("beam_size: 2\n")
+    (tmp_path / "table.txt").write_text("red|||ROT\n")
+    (tmp_path / "out.txt").write_text("the old output\n")
+    (tmp_path / "link.txt").symlink_to("in.txt")
+    os.link(tmp_path / "in.txt", tmp_path / "hard.txt")
+    return tmp_path
+
+
+SAME_FILE = "{} is the same file as {}; give another {}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-output", "in.txt"], SAME_FILE.format("-output in.txt", "-src in.txt", "-output")),
+    (["-output", "./in.txt"], SAME_FILE.format("-output ./in.txt", "-src in.txt", "-output")),
+    (["-output", "link.txt"], SAME_FILE.format("-output link.txt", "-src in.txt", "-output")),
+    (["-output", "hard.txt"], SAME_FILE.format("-output hard.txt", "-src in.txt", "-output")),
+    (["-src", "link.txt", "-output", "in.txt"],
+     SAME_FILE.format("-output in.txt", "-src link.txt", "-output")),
+    (["-attn_dump", "in.txt"], SAME_FILE.format("-attn_dump in.txt", "-src in.txt",
+                                                "-attn_dump")),
+    (["-attn_dump", "./out.txt"], SAME_FILE.format("-attn_dump ./out.txt", "-output out.txt",
+                                                   "-attn_dump")),
+    (["-output", "new.txt", "-attn_dump", "new.txt"],
+     SAME_FILE.format("-attn_dump new.txt", "-output new.txt", "-attn_dump")),
+    (["-tgt", "ref.txt", "-output", "ref.txt"],
+     SAME_FILE.format("-output ref.txt", "-tgt ref.txt", "-output")),
+    (["-config", "run.yaml", "-output", "run.yaml"],
+     SAME_FILE.format("-output run.yaml", "-config run.yaml", "-output")),
+    (["-replace_unk", "-phrase_table", "table.txt", "-output", "table.txt"],
+     SAME_FILE.format("-output table.txt", "-phrase_table table.txt", "-output")),
+    (["-output", "model.pt"], SAME_FILE.format("-output model.pt", "-model model.pt", "-output")),
+    (["-src", "out.txt.journal", "-resume"],
+     SAME_FILE.format("the -resume journal out.txt.journal", "-src out.txt.journal", "-output")),
+], ids=["src", "src through ./", "src through a link", "src through a hard link",
+        "the link as src", "dump is src", "dump is output", "dump is the new output", "tgt",
+        "config", "phrase_table", "model", "journal is src"])
+def test_an_output_that_is_an_input_is_refused(inputs, args, message):
+    if "out.txt.journal" in args:
+        (inputs / "out.txt.journal").write_text("red cat runs\n")
+    before = files_in(inputs)
+    run = cli(["-model", "model.pt", "-src", "in.txt", "-output", "out.txt", *args], inputs)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"translate.py: error: {message}\n"
+    assert files_in(inputs) == before  # nothing written, nothing replaced
+
+
+def test_a_written_through_file_may_be_shared_but_not_standard_output(tmp_path):
+    model = tiny_checkpoint(tmp_path / "model.pt")
+    run = cli(["-model", model, "-src", "-", "-output", "-", "-attn_dump", "-"], tmp_path,
+              input="a b c\n")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == ("translate.py: error: -attn_dump - and -output - would both write "
+                          "standard output; give -attn_dump a file\n")
+    run = cli(["-model", model, "-src", "/dev/null", "-output", "/dev/null", "-attn_dump",
+               "/dev/null"], tmp_path)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("option", ["-output", "-attn_dump"])
+def test_a_file_in_the_folder_path_is_one_line(inputs, option):
+    before = files_in(inputs)
+    run = cli(["-model", "model.pt", "-src", "in.txt", "-output", "out.txt",
+               option, "in.txt/sub/x.txt"], inputs)
+    assert run.returncode == 1
+    assert run.stderr == "translate.py: error: in.txt/sub/x.txt: in.txt is a file, not a folder\n"
+    assert files_in(inputs) == before
+
+
+@pytest.mark.parametrize("option", ["-model", "-src", "-tgt", "-output", "-attn_dump",
+                                    "-attn_plot", "-config"])
+def test_an_empty_path_is_refused_by_name(inputs, option):
+    args = {"-model": "model.pt", "-src": "in.txt", "-output": "out.txt", option: ""}
+    before = files_in(inputs)
+    run = cli([word for pair in args.items() for word in pair], inputs)
+    assert run.returncode == 2
+    assert run.stderr == f"translate.py: error: {option}: the path is empty\n"
+    assert files_in(inputs) == before
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")

@@ -5,9 +5,10 @@ import signal
 from typing import Iterator
 
 
-class Stopped(BaseException):
-    """Raised in the main thread by SIGINT or SIGTERM; a BaseException, as KeyboardInterrupt
-    is, so that no ``except Exception`` swallows it."""
+class Stopped(KeyboardInterrupt):
+    """Raised in the main thread by SIGINT or SIGTERM. A KeyboardInterrupt, so that no
+    ``except Exception`` swallows it, nor code that passes on only KeyboardInterrupt: tqdm's
+    logging handler (-verbose lines above the progress bar) catches everything else."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
