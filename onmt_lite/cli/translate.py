@@ -199,7 +199,7 @@ RESUMABLE_CHANGES = {"src", "tgt", "output", "resume", "progress", "no_progress"
 PATH_OPTIONS = ("model", "src", "tgt", "output", "attn_dump", "attn_plot", "config")
 
 
-def check_options(args) -> None:
+def _check_options(args) -> None:
     """Refuses, before the model loads, empty paths and what -resume cannot do (OptionError)."""
     for name in PATH_OPTIONS:
         value = getattr(args, name)
@@ -220,7 +220,7 @@ def check_options(args) -> None:
                               f"then its lines): give a regular file, not {path}")
 
 
-def check_overwrites(args) -> None:
+def _check_overwrites(args) -> None:
     """Refuses an output file that is also an input of the run or another of its outputs (the
     source replaced by its translation, the dump lost under the output). Files written through
     (FIFOs, devices) are the user's to share."""
@@ -364,9 +364,9 @@ def main(argv=None) -> int:
                         format="[%(asctime)s %(levelname)s] %(message)s")
     try:
         with stop_on_signals():
-            check_options(args)  # before the model loads
+            _check_options(args)  # before the model loads
             if rank == 0:  # the files rank 0 writes
-                check_overwrites(args)
+                _check_overwrites(args)
                 for path in (args.output, args.attn_dump):
                     if path:
                         check_output(path)
