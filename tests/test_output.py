@@ -125,6 +125,17 @@ def test_fifo_output_is_written_through(tiny_model, src, tmp_path):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and leftovers(tmp_path) == []
 
 
+def test_a_fifo_source_with_a_progress_bar_is_read_once(tiny_model, src, tmp_path):
+    """The bar's total counts the lines of regular files only: counting a pipe would use it up."""
+    fifo, out = tmp_path / "pipe", tmp_path / "out.txt"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(src.read_text()))
+    writer.start()
+    assert translate("-model", tiny_model, "-src", fifo, "-output", out, "-progress") == 0
+    writer.join(timeout=60)
+    assert out.read_text() == "RED CAT RUNS\nSMALL BIRD\n"
+
+
 def test_symlink_output_from_the_command_line(tiny_model, src, tmp_path):
     target, link = tmp_path / "real.txt", tmp_path / "pred.txt"
     link.symlink_to(target)  # dangling: the target is created

@@ -4,6 +4,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -514,11 +515,11 @@ def read_phrase_table(path: str) -> List[str]:
 
 
 def _line_count(src) -> Optional[int]:
-    """The progress bar's total: the lines of a file (read once, fast) or of a list; None for
-    standard input."""
+    """The progress bar's total: the lines of a regular file (read once, fast) or of a list; None
+    for standard input, a pipe or a device, which counting would use up."""
     if not isinstance(src, str):
         return len(src) if hasattr(src, "__len__") else None
-    if src == "-":
+    if src == "-" or not os.path.isfile(src):
         return None
     with open(src, "rb") as f:
         data = f.read(1 << 20)
