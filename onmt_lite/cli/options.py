@@ -95,6 +95,8 @@ def _one_value(action: argparse.Action, value):
 def read_config(path: str) -> dict:
     """The mapping of a YAML config file (empty: {}); raises OptionError in one line naming
     the file (and the line of a byte that is not UTF-8)."""
+    if not path:
+        raise OptionError("-config: the path is empty")
     try:
         with open(path, "rb") as f:
             data = f.read()
