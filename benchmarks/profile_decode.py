@@ -61,8 +61,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     opt = build_parser().parse_args(["-model", args.model, "-src", args.src, "-beam_size",
                                      str(args.beam_size), *shlex.split(args.extra)])
-    if opt.inter_threads != 1:
+    if opt.inter_threads > 1:
         p.error("-inter_threads: batches run one at a time here, so operations do not overlap")
+    opt.inter_threads = 1  # not the default layout's side by side batches
     torch.set_num_threads(args.threads)
     translator = build_translator(vars(opt))
     with open(args.src, encoding="utf-8") as f:

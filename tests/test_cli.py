@@ -382,3 +382,25 @@ def test_many_unknown_words_warn_once_with_the_likely_cause(tiny_model, tmp_path
     with caplog.at_level("WARNING", logger="onmt_lite"):
         assert _run(["-model", tiny_model, "-src", src, "-output", tmp_path / "o"]) == 0
     assert "vocabulary" not in caplog.text
+
+
+@pytest.mark.parametrize("options, inter_threads", [
+    ([], 0), (["-threads", "2"], 1), (["-workers", "2"], 1), (["-inter_threads", "3"], 3)])
+def test_no_thread_options_leave_the_layout_to_the_machine(options, inter_threads, tmp_path,
+                                                          monkeypatch):
+    """With no -threads or -workers, -inter_threads 0 chooses the layout batch by batch;
+    a layout asked for decodes one batch at a time in each process."""
+    given = {}
+
+    def stop(opt):
+        given.update(opt)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translate_cli, "build_translator", stop)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process keeps its own
+    src = tmp_path / "in.txt"
+    src.write_text("a\n")
+    with pytest.raises(KeyboardInterrupt):
+        translate_cli.run(translate_cli.parse_with_config(translate_cli.build_parser(), [
+            "-model", "m.pt", "-src", str(src), "-output", str(tmp_path / "o"), *options]))
+    assert given["inter_threads"] == inter_threads

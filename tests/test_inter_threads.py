@@ -45,8 +45,34 @@ def test_sampling_refuses_inter_threads(src_vocab, tgt_vocab):
     with pytest.raises(ValueError, match="inter_threads 1"):
         Translator(model, src_vocab, tgt_vocab,
                    DecodingOptions(beam_size=1, random_sampling_topk=3, seed=1), inter_threads=2)
-    with pytest.raises(ValueError, match="at least 1"):
-        Translator(model, src_vocab, tgt_vocab, inter_threads=0)
+    with pytest.raises(ValueError, match="at least 0"):
+        Translator(model, src_vocab, tgt_vocab, inter_threads=-1)
+
+
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torch_threads):
+    """-inter_threads 0: one batch per core on one torch thread each where there are several;
+    a lone batch on as many threads as it has sentences, up to the cores; the same output."""
+    model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2)
+    lines = ["a b c", "d e", "f a b d", "c c", "e f a", "b"] * 4
+    one = Translator(model, src_vocab, tgt_vocab, inter_threads=1)
+    auto = Translator(model, src_vocab, tgt_vocab, inter_threads=0)
+    auto.cores = 2  # as on a machine of two cores, whatever this one has
+    batch = ([0, 1, 2], None, None, 0)
+    assert auto._side_by_side([batch] * 5) == 2 and torch.get_num_threads() == 1
+    assert auto._side_by_side([batch]) == 1 and torch.get_num_threads() == 2
+    assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 1
+    expected = [t.preds for t in one.translate(lines, batch_size=4)]
+    assert [t.preds for t in auto.translate(lines, batch_size=4)] == expected
+    sampling = Translator(model, src_vocab, tgt_vocab, DecodingOptions(
+        beam_size=1, random_sampling_topk=3, seed=1), inter_threads=0)
+    assert sampling._side_by_side([batch] * 5) == 1  # one generator: draws in a fixed order
 
 
 def test_a_second_call_while_the_first_is_open(src_vocab, tgt_vocab):

@@ -167,7 +167,7 @@ OUT_OF_RANGE = [
     ("batch_size", 0), ("batch_size", -1), ("beam_size", 0), ("n_best", 0),
     ("min_length", -1), ("max_length", 0), ("max_length_ratio", -0.5),
     ("block_ngram_repeat", -2), ("src_seq_length_trunc", -1), ("shard_size", -1),
-    ("threads", -1), ("inter_threads", 0), ("repetition_penalty", 0), ("beta", -0.1), ("gpu", -2),
+    ("threads", -1), ("inter_threads", -1), ("repetition_penalty", 0), ("beta", -0.1), ("gpu", -2),
     ("random_sampling_topk", -2), ("random_sampling_topp", 1.5), ("random_sampling_temp", 0),
     ("seed", -5),
 ]

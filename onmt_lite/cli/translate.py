@@ -154,8 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "workers", type=integer(1), default=1,
         help="batches decoded at the same time by this many processes (CPU) of one torch "
              "thread each, sharing the model's weights")
-    add(g, "inter_threads", type=integer(1), default=1,
-        help="batches translated at the same time, each on its own thread (same results)")
+    add(g, "inter_threads", type=integer(0), default=0,
+        help="batches translated at the same time, each on its own thread (same results); 0: "
+             "with no -threads or -workers, one batch per core on one torch thread each where "
+             "the input has several batches, else one batch on every core")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "fast", action="store_true",
         help="the fast path: the Transformer decoder step with one product for queries, keys "
@@ -244,6 +246,8 @@ def _check_overwrites(args) -> None:
 
 
 def run(args) -> None:
+    if args.inter_threads == 0 and (args.threads > 0 or args.workers > 1):
+        args.inter_threads = 1  # a thread layout asked for: one batch at a time in a process
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     elif args.inter_threads > 1:
