@@ -6,9 +6,11 @@ programs use the cores.
 Each setting runs in its own process, ``-runs`` times, the settings taking turns; first on an
 idle machine, then with one spinning process per core started beside it ("busy"). Reported per
 setting and load: the median (min-max) translation time as translate.py reports it, and its
-ratio to onmt_lite's default setting under the same load. "spin-wait" is OpenMP's own default
-(threads spin before they sleep), which onmt_lite replaced by OMP_WAIT_POLICY=PASSIVE; an empty
-OMP_WAIT_POLICY gives OpenMP's default back.
+ratio to onmt_lite's default setting under the same load. The default decodes the batches side
+by side, one per core on one torch thread each; "-threads N" decodes one batch at a time on N
+intra-op threads, whose OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE, set by
+onmt_lite); "spin-wait" is OpenMP's own default (threads spin before they sleep), which an empty
+OMP_WAIT_POLICY gives back.
 """
 import argparse
 import json
@@ -23,11 +25,12 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> (extra environment, extra translate.py options)
+CORES = str(len(os.sched_getaffinity(0)))
 SETTINGS = {
-    "default (passive wait)": ({}, []),
-    "spin-wait (OpenMP default)": ({"OMP_WAIT_POLICY": ""}, []),
+    "default": ({}, []),
+    f"-threads {CORES} (passive wait)": ({}, ["-threads", CORES]),
+    f"-threads {CORES}, spin-wait": ({"OMP_WAIT_POLICY": ""}, ["-threads", CORES]),
     "-threads 1": ({}, ["-threads", "1"]),
-    "-inter_threads 2 -threads 1": ({}, ["-inter_threads", "2", "-threads", "1"]),
 }
 
 
@@ -56,7 +59,7 @@ def measure(args, src: str, load: str) -> dict:
             seconds = translation_time(args, src, env, options)
             times[name].append(seconds)
             print(f"{load:5} run {run + 1}: {name:30} {seconds:7.2f} s", file=sys.stderr)
-    base = statistics.median(times["default (passive wait)"])
+    base = statistics.median(times["default"])
     return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
                    "vs_default": statistics.median(t) / base, "runs": t}
             for name, t in times.items()}

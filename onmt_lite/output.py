@@ -6,6 +6,7 @@ written that way, so the link stays a link. Anything else that is not a regular 
 ``/dev/null``, a terminal) cannot be replaced: it is written through. ``-`` is standard output.
 """
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -89,6 +90,38 @@ def check_output(path: str) -> None:
         raise OutputError(f"{path}: cannot write in the folder {folder}: permission denied")
 
 
+def remove_stale_temporaries(target: str) -> None:
+    """Removes the temporary files of ``target`` that runs killed outright (SIGKILL, a power
+    cut) left beside it: only files of this user named as OutputFile names them, whose process
+    no longer runs."""
+    folder, name = os.path.split(target)
+    pattern = re.compile(r"\.tmp-(\d+)-[a-z0-9_]{8}-" + re.escape(name))
+    try:
+        entries = list(os.scandir(folder or "."))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None or _running(int(match.group(1))):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == os.getuid() and entry.is_file(
+                    follow_symlinks=False):
+                os.remove(entry.path)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class _Writer:
     """A text file whose write errors (a full disk, a closed pipe) name the user's path."""
 
@@ -126,7 +159,8 @@ class OutputFile:
                 self.file = open(self.target, "w", encoding="utf-8")
                 return _Writer(self.file, self.path)
             self.mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
-            fd, self.tmp = tempfile.mkstemp(dir=os.path.dirname(self.target), prefix=".tmp-",
+            fd, self.tmp = tempfile.mkstemp(dir=os.path.dirname(self.target),
+                                            prefix=f".tmp-{os.getpid()}-",
                                             suffix="-" + os.path.basename(self.target))
             self.file = os.fdopen(fd, "w", encoding="utf-8")
         except OSError as err:
@@ -148,6 +182,7 @@ class OutputFile:
                 os.chmod(self.tmp, self.mode)
                 os.replace(self.tmp, self.target)
                 self.tmp = None
+                remove_stale_temporaries(self.target)
         except OSError as err:
             if exc_type is None:
                 raise OutputError(f"{self.path}: cannot write: {err.strerror}") from None

@@ -78,6 +78,22 @@ def test_symlink_stays_a_link_and_its_target_is_written(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_a_finished_run_removes_what_killed_runs_of_its_output_left(tmp_path):
+    """Only this output's temporary files whose process is gone: not a running process's,
+    not another output's, not a file merely named like one."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".tmp-{dead}-abcd_123-out.txt"
+    running = tmp_path / f".tmp-{os.getppid()}-abcd_123-out.txt"
+    other = tmp_path / f".tmp-{dead}-abcd_123-other.txt"
+    lookalike = tmp_path / f".tmp-{dead}-not-random-out.txt"
+    for path in (stale, running, other, lookalike):
+        path.write_text("half a file")
+    with OutputFile(str(tmp_path / "out.txt")) as out:
+        out.write("whole\n")
+    assert not stale.exists() and running.exists() and other.exists() and lookalike.exists()
+
+
 def test_dev_null_is_written_through_not_replaced():
     before = os.stat("/dev/null")
     with OutputFile("/dev/null") as f:

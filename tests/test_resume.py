@@ -74,11 +74,13 @@ def test_a_killed_run_resumes_to_the_uninterrupted_file(setup, tmp_path, shards)
     out, journal = tmp_path / "out.txt", tmp_path / "out.txt.journal"
     done = _killed_run(model, src, out, *shards, until=_in_the_second_shard if shards else bool)
     assert done >= 1
+    assert [p.name for p in tmp_path.glob(".tmp-*-out.txt")]  # the killed run's, left behind
     resumed = subprocess.run(_command(model, src, out, *shards), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"{done} batches" in resumed.stderr
     assert out.read_bytes() == whole
     assert not journal.exists()  # the output replaced it
+    assert list(tmp_path.glob(".tmp-*")) == []  # and the killed run's temporary file
 
 
 def test_a_torn_last_line_is_ignored(setup, tmp_path):
