@@ -5,7 +5,7 @@ CTranslate2 on the same checkpoint, side by side in one run.
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -growth
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -memory_lines 100000
     python benchmarks/translate_bench.py -model M.pt -src SRC -ref REF -startup
-    python benchmarks/translate_bench.py -table transformer.json rnn.json   # the README's table
+    python benchmarks/translate_bench.py -table transformer.json rnn.json   # docs/speed.md's tables
 
 onmt_lite runs with ``-inter_threads`` batches at a time on ``-threads`` threads each (default
 2 x 1), OpenNMT-py on ``-onmt_threads`` torch threads, CTranslate2 with each ``-ct2`` setting
@@ -319,7 +319,7 @@ NO_COMPILER = {"compiled-no-compiler-workers"}  # run with CXX pointing nowhere
 
 
 def markdown(paths) -> str:
-    """The README's speed tables from -json result files, one per model (named after its file):
+    """docs/speed.md's speed tables from -json result files, one per model (named after its file):
     the times, then the round-by-round comparisons with the peers."""
     runs = []
     for path in paths:
@@ -385,7 +385,7 @@ def main(argv=None):
                    help="instead: a fresh process's time to its first translation, exact, "
                         "-fast, -compile with an empty and a warm compile cache")
     p.add_argument("-table", nargs="+", metavar="JSON",
-                   help="instead: print the README's markdown table from these -json files")
+                   help="instead: print the markdown table of docs/speed.md from these -json files")
     args = p.parse_args(argv)
     if args.table:
         print(markdown(args.table))

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "search", default="onmt", choices=["onmt", "hf", "fairseq", "ctranslate2", "tf"],
         help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py), "
              "hf (Hugging Face generate), fairseq, ctranslate2, or tf (TensorFlow official "
-             "models); see the README's table")
+             "models); see docs/search.md")
     add(g, "beam_size", type=integer(1), default=5, help="1 = greedy search")
     add(g, "n_best", type=integer(1), default=1,
         help="hypotheses written per input line (at most -beam_size)")

@@ -1,8 +1,8 @@
 """Presets: each toolkit's beam search as a frozen record of choices, and the Search it builds.
 
 Under a preset the shared flags mean what that toolkit's parameter of the same role means
-(README, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face ``generate``
-(transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``fairseq`` is fairseq
+(docs/search.md, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face
+``generate`` (transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``fairseq`` is fairseq
 0.12's ``SequenceGenerator`` (``DiverseBeamSearch`` with ``-diverse_groups``); ``ctranslate2`` is
 CTranslate2 4.x's ``translate_batch``; ``tf`` is the beam search of TensorFlow's official models
 (``official/nlp/modeling/ops/beam_search.py``, GNMT length normalisation).
