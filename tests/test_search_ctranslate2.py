@@ -12,8 +12,9 @@ import os
 
 import pytest
 import torch
-from conftest import ROOT, SHARED_FIXTURES
+from conftest import ROOT, SHARED_FIXTURES, tiny_checkpoint
 
+from onmt_lite.checkpoint import load_checkpoint
 from onmt_lite.search.finishing import ReplaceFinished
 from onmt_lite.translate import build_translator
 
@@ -109,3 +110,29 @@ def test_a_prefix_is_forced_from_the_first_hypothesis_and_then_set_free():
     assert chosen[1].tolist() == [4, 0, 5, 0] and origins[1].tolist() == [0, 0, 0, 0]
     forced, _, chosen = rule.revise(values, origin, tokens, step=4)  # both past the rule
     assert torch.equal(forced, values) and torch.equal(chosen, tokens)
+
+
+def test_the_preset_takes_translate_batchs_length_defaults(tmp_path):
+    """With no -max_length or -min_length, -search ctranslate2 decodes up to 256 tokens
+    (max_decoding_length) and never ends before the first (min_decoding_length 1), as
+    translate_batch does; options given still win."""
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
+    model = load_checkpoint(ckpt)
+    eos = model.tgt_vocab.stoi["</s>"]
+    generator = dict(model.generator_state)
+    never, first = dict(generator), dict(generator)
+    never["bias"] = generator["bias"].clone().index_fill_(0, torch.tensor([eos]), -1e4)
+    first["bias"] = generator["bias"].clone().index_fill_(0, torch.tensor([eos]), 1e4)
+    for name, state in (("never.pt", never), ("first.pt", first)):
+        torch.save(dict(torch.load(ckpt, weights_only=True), generator=state), tmp_path / name)
+    never_ends = build_translator({"model": str(tmp_path / "never.pt"), "search": "ctranslate2",
+                                   "beam_size": 2, "max_length_ratio": 0})
+    assert (never_ends.opt.max_length, never_ends.opt.min_length) == (256, 1)
+    assert [len(t.preds[0]) for t in never_ends.translate(["a b", "c"])] == [256, 256]
+    ends_first = build_translator({"model": str(tmp_path / "first.pt"), "search": "ctranslate2",
+                                   "beam_size": 2})
+    assert [len(t.preds[0]) for t in ends_first.translate(["a b"])] == [1]
+    given = build_translator({"model": str(tmp_path / "never.pt"), "search": "ctranslate2",
+                              "beam_size": 2, "max_length": 7, "min_length": 0})
+    assert (given.opt.max_length, given.opt.min_length) == (7, 0)
+    assert build_translator({"model": ckpt}).opt.max_length == 250  # -search onmt: OpenNMT-py's

@@ -8,7 +8,7 @@ CTranslate2 4.x's ``translate_batch``; ``tf`` is the beam search of TensorFlow's
 (``official/nlp/modeling/ops/beam_search.py``, GNMT length normalisation).
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -57,6 +57,7 @@ class Preset:
     on_logits: processors act on logits, log-softmax follows: ``never``, ``greedy`` (with one
         hypothesis, as Hugging Face's ``num_beams=1``) or ``always``.
     count_start: the decoder's start token is part of the history that repetition rules see.
+    defaults: the toolkit's own defaults of shared options, for the options not given.
     """
     name: str
     rule: str
@@ -66,6 +67,7 @@ class Preset:
     on_logits: str = "never"
     count_start: bool = True
     bans_pad: bool = False
+    defaults: Tuple[Tuple[str, Any], ...] = ()
 
 
 PRESETS = {
@@ -75,7 +77,9 @@ PRESETS = {
     "fairseq": Preset("fairseq", "first", NEG_INF, "no_repeat", ban_renormalises=False,
                       bans_pad=True),
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
-                          ban_renormalises=False, on_logits="always", count_start=False),
+                          ban_renormalises=False, on_logits="always", count_start=False,
+                          # translate_batch(max_decoding_length=256, min_decoding_length=1)
+                          defaults=(("max_length", 256), ("min_length", 1))),
     "tf": Preset("tf", "alive", NEG_INF, "none", ban_renormalises=False),
 }
 # what each preset's toolkit lacks: these options must keep their "off" value under it

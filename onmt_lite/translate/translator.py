@@ -616,10 +616,14 @@ def build_translator(opt) -> Translator:
     given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
     if values.get("search", "onmt") != "onmt" and "max_length_ratio" not in given:
         values["max_length_ratio"] = 0.0  # OpenNMT-py's limit: the other toolkits have none
+    preset = PRESETS.get(values.get("search", "onmt"))  # an unknown one: refused by validate
+    for name, value in preset.defaults if preset else ():
+        if name not in given:  # the toolkit's own default, not onmt_lite's
+            values[name] = value
     if ckpt.tokenizer.get("kind") == "marian":
         if _get(opt, "transforms"):
             raise TransformOptionError("-transforms: a Marian model brings its own tokenizer "
-                                 "(source.spm, target.spm, vocab.json)")
+                                       "(source.spm, target.spm, vocab.json)")
         transform = marian.build_tokenizer(ckpt.tokenizer, path)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
         values.update(_generation_defaults(ckpt, given, values, path))
