@@ -356,7 +356,9 @@ def decoding_settings(generation: dict, tgt_vocab: Vocab, search: str = "onmt",
     forced = _ids(generation.get("forced_eos_token_id"))
     if forced and forced != [tgt_vocab.eos]:
         raise MarianError(f"{origin}: forced_eos_token_id {forced} is not </s>")
-    return options, banned, bool(forced)
+    # fairseq and TensorFlow end at their own limits: fairseq forces </s> after -max_length
+    # tokens; TensorFlow returns a hypothesis that never ended with all -max_length tokens
+    return options, banned, bool(forced) and search in ("hf", "onmt")
 
 
 # -- the directory --------------------------------------------------------------------------

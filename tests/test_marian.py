@@ -217,3 +217,16 @@ def test_transforms_do_not_apply_to_a_marian_model(opus_dir):
     from onmt_lite.transforms import TransformError
     with pytest.raises(TransformError, match="brings its own tokenizer"):
         build_translator({"model": opus_dir, "transforms": ["sentencepiece"]})
+
+
+def test_only_generate_and_opennmt_rules_force_the_end_at_the_limit(tmp_path):
+    """forced_eos_token_id is generate()'s: under -search tf a hypothesis that never ends comes
+    back with all -max_length tokens, as TensorFlow's search returns it, and under -search
+    fairseq with </s> after them (fairseq's own rule); hf and onmt end on the forced </s>."""
+    folder = write_marian(tmp_path / "m", eos_bias=-50.0)  # never ends by itself
+    lengths = {}
+    for search in ("tf", "fairseq", "hf", "onmt"):
+        translator = build_translator({"model": folder, "search": search, "beam_size": 3,
+                                       "max_length": 40})
+        lengths[search] = len(translator.translate(["a b c"])[0].preds[0])
+    assert lengths == {"tf": 40, "fairseq": 40, "hf": 39, "onmt": 39}
