@@ -137,3 +137,23 @@ def test_a_subword_model_that_does_not_fit_the_vocabulary_is_refused(tmp_path):
     assert run.stderr.strip().count("\n") == 0, run.stderr
     assert re.search(r"multi30k_en_de.spm: does not fit the model's vocabulary: \d+ of its "
                      r"\d+ pieces are in it \(wrong -src_subword_model\?\)", run.stderr)
+
+
+# OpenNMT-py 3.5.1's output for a line outside the test set, alone and as line 41 of 81 in a
+# batch of 32, where its n-best stop ends the search (the top beam finished with three finished
+# hypotheses, two of them shorter than better-scored ones a longer search would find):
+#   onmt_translate -config translate.yaml -src windsurf.en -beam_size 5 -n_best 3 -verbose
+WINDSURF = "Someone is windsurfing in the ocean."
+WINDSURF_NBEST = [("Ein Mann in einem Neoprenanzug surft im Meer.", -0.7256),
+                  ("Ein Mann springt in die Luft.", -0.7957),
+                  ("Ein Mann in der Nähe eines Boots.", -0.8535)]
+
+
+def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch():
+    translator = build_translator({"model": MODEL, "beam_size": 5, "n_best": 3})
+    with open(SRC, encoding="utf-8") as f:
+        lines = [next(f).rstrip("\n") for _ in range(80)]
+    for batch, at in (([WINDSURF], 0), (lines[:40] + [WINDSURF] + lines[40:], 40)):
+        result = translator.translate(batch, batch_size=32)[at]
+        assert [(text, round(score, 4)) for text, score in zip(result.texts, result.scores)] \
+            == WINDSURF_NBEST
