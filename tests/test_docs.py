@@ -43,9 +43,9 @@ def code_blocks(text: str):
     return blocks
 
 
-def prose(text: str) -> str:
-    """The text outside fenced code blocks and inline code spans."""
-    kept, inside, fence = [], False, None
+def outside_fences(text: str):
+    """The lines of ``text`` outside fenced code blocks."""
+    inside, fence = False, None
     for line in text.splitlines():
         stripped = line.strip()
         match = re.match(r"(`{3,}|~{3,})", stripped)
@@ -54,8 +54,12 @@ def prose(text: str) -> str:
         elif inside and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
             inside = False
         elif not inside:
-            kept.append(re.sub(r"`[^`]*`", "", line))
-    return "\n".join(kept)
+            yield line
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code spans."""
+    return "\n".join(re.sub(r"`[^`]*`", "", line) for line in outside_fences(text))
 
 
 def command_lines(start: int, lines):
@@ -205,19 +209,11 @@ def slug(heading: str) -> str:
 
 def anchors(path: Path):
     """The anchors of a page's headings, as GitHub numbers repeated ones."""
-    text = path.read_text(encoding="utf-8")
-    inside, fence, headings = False, None, []
-    for line in text.splitlines():
-        stripped = line.strip()
-        match = re.match(r"(`{3,}|~{3,})", stripped)
-        if not inside and match:
-            inside, fence = True, match.group(1)
-        elif inside and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
-            inside = False
-        elif not inside:
-            heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
-            if heading:
-                headings.append(heading.group(1))
+    headings = []
+    for line in outside_fences(path.read_text(encoding="utf-8")):
+        heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            headings.append(heading.group(1))
     seen, result = {}, set()
     for heading in headings:
         base = slug(heading)
