@@ -105,6 +105,45 @@ def test_hf_search_is_generates(named_folder, case):
     assert ties == {tie for tie in FLOAT_TIES if tie[:2] == (name, case)}
 
 
+# Models that misbehave: one never ends by itself (every hypothesis meets the limit), one likes
+# </s> at once (empty and one-token hypotheses everywhere); an empty line among the inputs.
+MISBEHAVING = {"never ends": dict(seed=2, eos_bias=-30.0), "ends at once": dict(seed=3, eos_bias=6.0)}
+EDGE_LINES = SOURCES[:6] + sentences(6, seed=3) + [""]
+# (beam, early_stopping, length_penalty, max_new_tokens, min_new_tokens): the limits at and near
+# the outputs' lengths, each stopping rule, penalties favouring short and long hypotheses
+EDGE_CASES = [(1, "false", 1.0, 4, 0), (1, "false", 1.0, 12, 3), (3, "false", 0.0, 4, 3),
+              (3, "true", 1.0, 12, 0), (3, "never", -1.0, 12, 3), (6, "false", -1.0, 4, 0),
+              (6, "true", 0.0, 12, 3), (6, "never", 1.0, 4, 3)]
+
+
+@pytest.mark.parametrize("model", list(MISBEHAVING))
+def test_hf_search_is_generates_at_the_edges(model, tmp_path):
+    """Every hypothesis and score of generate() where the limits decide (an empty output at
+    min_new_tokens 0, every hypothesis cut at max_new_tokens), for each stopping rule."""
+    folder = write_marian(tmp_path / "m", **MISBEHAVING[model])
+    for beam, early, alpha, longest, shortest in EDGE_CASES:
+        n = min(beam, 2)
+        theirs_args = dict(num_beams=beam, max_new_tokens=longest, num_return_sequences=n,
+                           length_penalty=alpha, min_new_tokens=shortest)
+        if beam > 1:
+            theirs_args["early_stopping"] = {"true": True, "false": False}.get(early, early)
+        translator = build_translator({
+            "model": folder, "search": "hf", "beam_size": beam, "n_best": n, "alpha": alpha,
+            "early_stopping": early, "max_length": longest, "min_length": shortest})
+        results = translator.translate(EDGE_LINES, batch_size=5)
+        expected = hf_hypotheses(folder, EDGE_LINES, **theirs_args)
+        eos = translator.tgt_vocab.specials["eos"]
+        case = (beam, early, alpha, longest, shortest)
+        for line, result, theirs in zip(EDGE_LINES, results, expected):
+            ours = [(pred + [eos] * (tokens[-1:] == [eos]), score)
+                    for pred, score, (tokens, _) in zip(result.preds, result.scores, theirs)]
+            assert len(result.preds) == len(theirs), (case, line)
+            assert [t for t, _ in ours] == [t for t, _ in theirs], (case, line)
+            for (_, score), (_, their_score) in zip(ours, theirs):
+                if their_score is not None:
+                    assert score == pytest.approx(their_score, abs=1e-4), (case, line)
+
+
 def test_onmt_and_hf_searches_differ_where_their_rules_do(tmp_path):
     """The same model and flags: OpenNMT-py's search and generate()'s keep different
     hypotheses on some lines (a guard that -search is not ignored)."""
