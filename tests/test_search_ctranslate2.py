@@ -136,3 +136,19 @@ def test_the_preset_takes_translate_batchs_length_defaults(tmp_path):
                               "beam_size": 2, "max_length": 7, "min_length": 0})
     assert (given.opt.max_length, given.opt.min_length) == (7, 0)
     assert build_translator({"model": ckpt}).opt.max_length == 250  # -search onmt: OpenNMT-py's
+
+
+@pytest.mark.parametrize("model, case", [(m, c) for m, cases in REF["edge_cases"]["models"].items()
+                                         for c in cases])
+def test_ctranslate2s_defaults_and_limits_on_models_that_misbehave(model, case):
+    """A model that never ends (every hypothesis meets the limit: 256 tokens by default) and one
+    that ends at once (min_decoding_length 1 by default; empty outputs at 0): only the options
+    the case gives, the others translate_batch's defaults, which the preset takes."""
+    options = REF["edge_cases"]["models"][model][case]["options"]
+    translator = build_translator({"model": os.path.join(ROOT, "tests", "reference",
+                                                         f"marian_{model}"),
+                                   "search": "ctranslate2",
+                                   **{OPTIONS[k]: v for k, v in options.items()}})
+    results = translator.translate(REF["edge_cases"]["lines"], batch_size=32)
+    assert_same([_pieces(r) for r in results],
+                REF["edge_cases"]["models"][model][case]["hypotheses"])

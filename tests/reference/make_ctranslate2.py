@@ -9,6 +9,9 @@ The Marian model (tests/reference/marian_tiny, written here by tests/marian_dirs
 converted with CTranslate2's Transformers converter; its sources are tokenized by its
 MarianTokenizer (pieces and the closing ``</s>``), as CTranslate2's documentation does.
 
+Two more Marian models that misbehave (tests/reference/marian_never_ends, marian_ends_at_once)
+check the limits and translate_batch's own defaults.
+
 The model is converted with CTranslate2's own OpenNMT-py converter (the checkpoint's
 argparse.Namespace allowed, its "scaled-dot-flash" attention named "scaled-dot", the only name
 the converter accepts: the same attention). Each case translates the first LINES lines of the
@@ -55,6 +58,20 @@ PREFIX_CASES = {
     "beam 4, target prefix, length_penalty 0, 4 hypotheses": dict(
         beam_size=4, length_penalty=0.0, num_hypotheses=4),
     "greedy, target prefix": dict(beam_size=1),
+}
+# models that misbehave, written beside marian_tiny: one never ends by itself (every hypothesis
+# meets the limit), one likes </s> at once; translate_batch's own defaults among the cases
+EDGE_MODELS = {"never_ends": dict(seed=2, eos_bias=-30.0, max_position_embeddings=300),
+               "ends_at_once": dict(seed=3, eos_bias=6.0, max_position_embeddings=300)}
+EDGE_LINES = 12
+EDGE_CASES = {
+    "beam 2, translate_batch's defaults": dict(beam_size=2),
+    "greedy, translate_batch's defaults": dict(beam_size=1),
+    "beam 4, 4 hypotheses, decoding length 0 to 6": dict(
+        beam_size=4, num_hypotheses=4, min_decoding_length=0, max_decoding_length=6),
+    "beam 3, patience 2, length_penalty 0, decoding length 3 to 10": dict(
+        beam_size=3, patience=2.0, length_penalty=0.0, min_decoding_length=3,
+        max_decoding_length=10),
 }
 MARIAN_LINES = 48
 MARIAN_CASES = {
@@ -107,6 +124,26 @@ def marian_cases(folder: str):
     return lines, run(translator, sources, MARIAN_CASES)
 
 
+def edge_cases(folder: str):
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from marian_dirs import SOURCES, sentences, write_marian
+    from transformers import MarianTokenizer
+    lines = SOURCES[:EDGE_LINES - 6] + sentences(5, 3) + [""]
+    out = {"lines": lines, "models": {}}
+    for name, arguments in EDGE_MODELS.items():
+        model_dir = os.path.join(HERE, f"marian_{name}")
+        shutil.rmtree(model_dir, ignore_errors=True)
+        write_marian(model_dir, **arguments)
+        converted = os.path.join(folder, name)
+        TransformersConverter(model_dir).convert(converted, force=True)
+        tokenizer = MarianTokenizer.from_pretrained(model_dir)
+        sources = [tokenizer.convert_ids_to_tokens(tokenizer.encode(line)) for line in lines]
+        translator = ctranslate2.Translator(converted, device="cpu", compute_type="float32",
+                                            inter_threads=1, intra_threads=1)
+        out["models"][name] = run(translator, sources, EDGE_CASES)
+    return out
+
+
 def main() -> None:
     with open(SOURCE, encoding="utf-8") as f:
         lines = [next(f).split() for _ in range(LINES)]
@@ -126,6 +163,8 @@ def main() -> None:
                                   target_prefix=out["prefixes"])
     with tempfile.TemporaryDirectory() as folder:
         out["marian_lines"], out["marian_cases"] = marian_cases(folder)
+    with tempfile.TemporaryDirectory() as folder:
+        out["edge_cases"] = edge_cases(folder)
     with open(os.path.join(HERE, "ctranslate2.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=0)
         f.write("\n")
