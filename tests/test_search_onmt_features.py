@@ -1,9 +1,11 @@
 """OpenNMT-py's decoding features beyond the fixtures' cases give OpenNMT-py 3.5.1's own output,
 word for word, with the same command-line options: -ban_unk_token, -ratio (with OpenNMT-py's way
-of reading the source length), -tgt_file_prefix, ensembles (-model a b, -avg_raw_probs).
+of reading the source length), -tgt_file_prefix, ensembles (-model a b, -avg_raw_probs); and the
+fixtures made to misbehave (a model that never ends, one that ends at once) at their limits.
 
-The reference (tests/reference/onmt_py.json) is onmt_translate's output, made by
-tests/reference/make_onmt_py.py in a side environment; models and data come from ../shared.
+The references (tests/reference/onmt_py.json, onmt_py_edges.json) are onmt_translate's output,
+made by tests/reference/make_onmt_py.py and make_onmt_py_edges.py in a side environment; models
+and data come from ../shared.
 """
 import json
 import os
@@ -11,6 +13,7 @@ import os
 import pytest
 import torch
 from conftest import ROOT, SHARED_FIXTURES
+from reference.edge_variant import EOS_SHIFTS, write_edge_variant
 from reference.onmt_py_variant import write_variant
 
 from onmt_lite.checkpoint import load_model
@@ -155,3 +158,25 @@ def test_bad_decoding_requests_are_one_clear_line(inputs, tmp_path, capsys):
         assert translate_cli.main(["-model", model, other, *base]) != 0
         assert "its vocabularies differ" in capsys.readouterr().err
     assert not output.exists()
+
+
+with open(os.path.join(ROOT, "tests", "reference", "onmt_py_edges.json"), encoding="utf-8") as f:
+    EDGES = json.load(f)
+
+
+@pytest.mark.parametrize("fixture", ["transformer.pt", "rnn.pt"])
+@pytest.mark.parametrize("shift", list(EOS_SHIFTS))
+def test_models_that_misbehave_give_opennmt_pys_output_at_the_limits(fixture, shift, tmp_path):
+    """Every hypothesis meets -max_length (or the limit from the source length), or </s> comes
+    first wherever -min_length allows: each setting's lines, n-best included, as onmt_translate
+    writes them."""
+    model, src = tmp_path / "model.pt", tmp_path / "src.en"
+    write_edge_variant(os.path.join(SHARED_FIXTURES, fixture), str(model), shift)
+    with open(os.path.join(DATA, "test_2016_flickr.lc.tok.en"), encoding="utf-8") as f:
+        src.write_text("".join(next(f) for _ in range(EDGES["lines"])), encoding="utf-8")
+    for name, options in EDGES["cases"].items():
+        out = tmp_path / "out.txt"
+        assert translate_cli.main(["-model", str(model), "-src", str(src), "-output", str(out),
+                                   "-no_progress", *options]) == 0
+        assert out.read_text(encoding="utf-8").splitlines() == \
+            EDGES["outputs"][f"{fixture} {shift}, {name}"], name
