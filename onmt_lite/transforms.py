@@ -216,10 +216,11 @@ def _tokenizer(arguments: Dict[str, Any], option: str) -> pyonmttok.Tokenizer:
         try:
             return pyonmttok.Tokenizer(**_written(arguments, folder))
         except ValueError as err:  # an unknown mode, a model file pyonmttok cannot open
-            raise TransformOptionError(f"{option}: {str(err).strip().splitlines()[0][:200]}") from None
+            why = str(err).strip().splitlines()[0][:200]
+            raise TransformOptionError(f"{option}: {why}") from None
         except TypeError:  # names checked: a value of the wrong type (pybind11 says not which)
-            raise TransformOptionError(f"{option}: pyonmttok.Tokenizer rejects a value of the wrong "
-                                 f"type in {arguments}") from None
+            raise TransformOptionError(f"{option}: pyonmttok.Tokenizer rejects a value of the "
+                                       f"wrong type in {arguments}") from None
 
 
 def _written(arguments: Dict[str, Any], folder: str) -> Dict[str, Any]:
@@ -251,15 +252,16 @@ def _onmttok_kwargs(given: Any, option: str) -> Dict[str, Any]:
         except (ValueError, TypeError, SyntaxError, RecursionError):
             kwargs = None
     if not isinstance(kwargs, dict):
-        raise TransformOptionError(f"{option}: expected a Python dict such as "
-                             f"\"{{'mode': 'aggressive', 'joiner_annotate': True}}\", got {given!r}")
+        raise TransformOptionError(f"{option}: expected a Python dict such as \"{{'mode': "
+                                   f"'aggressive', 'joiner_annotate': True}}\", got {given!r}")
     names = _tokenizer_argument_names()
     unknown = [key for key in kwargs if names and key not in names]
     if unknown:
-        raise TransformOptionError(f"{option}: {unknown[0]!r} is not a pyonmttok.Tokenizer argument")
+        raise TransformOptionError(f"{option}: {unknown[0]!r} is not a pyonmttok.Tokenizer "
+                                   "argument")
     if "mode" not in kwargs:
-        raise TransformOptionError(f"{option}: pyonmttok needs a 'mode' (none, space, conservative, "
-                             f"aggressive or char), got {given!r}")
+        raise TransformOptionError(f"{option}: pyonmttok needs a 'mode' (none, space, "
+                                   f"conservative, aggressive or char), got {given!r}")
     return kwargs
 
 
@@ -270,7 +272,7 @@ def _tokenizer_arguments(option: Option, side: str) -> Dict[str, Any]:
     kind, model = option(f"{side}_subword_type") or "none", option(f"{side}_subword_model")
     if kind not in SUBWORD_TYPES:
         raise TransformOptionError(f"-{side}_subword_type: {kind!r} is not one of "
-                             f"{', '.join(SUBWORD_TYPES)}")
+                                   f"{', '.join(SUBWORD_TYPES)}")
     if kind != "none" and not model:
         raise TransformOptionError(f"-{side}_subword_type {kind} needs -{side}_subword_model")
     subword: Dict[str, Any] = {}
@@ -287,7 +289,7 @@ def _tokenizer_arguments(option: Option, side: str) -> Dict[str, Any]:
     clash = [key for key in kwargs if key in subword]
     if clash:
         raise TransformOptionError(f"-{side}_onmttok_kwargs: {clash[0]!r} is set by "
-                             f"-{side}_subword_type and -{side}_subword_model")
+                                   f"-{side}_subword_type and -{side}_subword_model")
     return {**subword, **kwargs}
 
 
@@ -349,11 +351,11 @@ def build_transform(option: Option, checkpoint_opt: dict, checkpoint: str,
     unknown = [name for name in transforms if name not in SUPPORTED]
     if unknown:
         raise TransformOptionError(f"-transforms: {', '.join(unknown)} not supported (supported: "
-                             f"{', '.join(SUPPORTED)})")
+                                   f"{', '.join(SUPPORTED)})")
     subword = [name for name in transforms if name in SUBWORD]
     if len(subword) > 1:
         raise TransformOptionError(f"-transforms: one subword transform at a time, got "
-                             f"{', '.join(subword)}")
+                                   f"{', '.join(subword)}")
     if not subword:
         return None
     if subword[0] == "onmt_tokenize":

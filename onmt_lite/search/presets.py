@@ -2,10 +2,11 @@
 
 Under a preset the shared flags mean what that toolkit's parameter of the same role means
 (docs/search.md, "Search presets"). ``onmt`` is OpenNMT-py 3.5.1; ``hf`` is Hugging Face
-``generate`` (transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is; ``fairseq`` is fairseq
-0.12's ``SequenceGenerator`` (``DiverseBeamSearch`` with ``-diverse_groups``); ``ctranslate2`` is
-CTranslate2 4.x's ``translate_batch``; ``tf`` is the beam search of TensorFlow's official models
-(``official/nlp/modeling/ops/beam_search.py``, GNMT length normalisation).
+``generate`` (transformers 5): greedy when ``-beam_size`` is 1, as ``num_beams=1`` is;
+``fairseq`` is fairseq 0.12's ``SequenceGenerator`` (``DiverseBeamSearch`` with
+``-diverse_groups``); ``ctranslate2`` is CTranslate2 4.x's ``translate_batch``; ``tf`` is the
+beam search of TensorFlow's official models (``official/nlp/modeling/ops/beam_search.py``, GNMT
+length normalisation).
 """
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -57,7 +58,8 @@ class Preset:
     on_logits: processors act on logits, log-softmax follows: ``never``, ``greedy`` (with one
         hypothesis, as Hugging Face's ``num_beams=1``) or ``always``.
     count_start: the decoder's start token is part of the history that repetition rules see.
-    defaults: the toolkit's own defaults of shared options, for the options not given.
+    defaults: the toolkit's own defaults of shared options, for the options not given (none
+        but OpenNMT-py limits the length by the source's: -max_length_ratio 0 for the others).
     """
     name: str
     rule: str
@@ -67,11 +69,12 @@ class Preset:
     on_logits: str = "never"
     count_start: bool = True
     bans_pad: bool = False
-    defaults: Tuple[Tuple[str, Any], ...] = ()
+    defaults: Tuple[Tuple[str, Any], ...] = (("max_length_ratio", 0.0),)
 
 
 PRESETS = {
-    "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True),
+    "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True,
+                   defaults=()),
     "hf": Preset("hf", "refill", NEG_INF, "no_repeat", ban_renormalises=False,
                  on_logits="greedy"),
     "fairseq": Preset("fairseq", "first", NEG_INF, "no_repeat", ban_renormalises=False,
@@ -79,7 +82,8 @@ PRESETS = {
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
                           ban_renormalises=False, on_logits="always", count_start=False,
                           # translate_batch(max_decoding_length=256, min_decoding_length=1)
-                          defaults=(("max_length", 256), ("min_length", 1))),
+                          defaults=(("max_length_ratio", 0.0), ("max_length", 256),
+                                    ("min_length", 1))),
     "tf": Preset("tf", "alive", NEG_INF, "none", ban_renormalises=False),
 }
 # what each preset's toolkit lacks: these options must keep their "off" value under it

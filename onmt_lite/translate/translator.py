@@ -28,7 +28,12 @@ from onmt_lite.search.global_scorer import COVERAGE_PENALTIES, LENGTH_PENALTIES,
 from onmt_lite.search.loop import beam_search
 from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
-from onmt_lite.transforms import SubwordTransform, TransformError, TransformOptionError, build_transform
+from onmt_lite.transforms import (
+    SubwordTransform,
+    TransformError,
+    TransformOptionError,
+    build_transform,
+)
 from onmt_lite.translate.distributed import block, gather, join, local_rank, world
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.workers import WorkerPool
@@ -614,8 +619,6 @@ def build_translator(opt) -> Translator:
     src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
     given = _get(opt, "given_options")
     given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
-    if values.get("search", "onmt") != "onmt" and "max_length_ratio" not in given:
-        values["max_length_ratio"] = 0.0  # OpenNMT-py's limit: the other toolkits have none
     preset = PRESETS.get(values.get("search", "onmt"))  # an unknown one: refused by validate
     for name, value in preset.defaults if preset else ():
         if name not in given:  # the toolkit's own default, not onmt_lite's
