@@ -6,7 +6,9 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: demo test
+.PHONY: demo test venv
+
+venv: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) translate.py -model data/multi30k_en_de_raw.pt -src data/demo.en -output - -beam_size 5
