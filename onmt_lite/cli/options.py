@@ -69,7 +69,7 @@ def add(group, name: str, **kwargs) -> None:
     group.add_argument(f"-{name}", f"--{name}", dest=name, **kwargs)
 
 
-def _config_value(action: argparse.Action, value):
+def config_value(action: argparse.Action, value):
     """A YAML value checked as the command line would check it; raises ArgumentTypeError."""
     if action.nargs == 0:  # a flag: store_true
         if not isinstance(value, bool):
@@ -140,7 +140,7 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]
             if name == "config":
                 continue
             try:
-                checked[name] = _config_value(actions[name], value)
+                checked[name] = config_value(actions[name], value)
             except argparse.ArgumentTypeError as err:
                 parser.error(f"{args.config}: {name}: {err}")
         parser.set_defaults(**checked)

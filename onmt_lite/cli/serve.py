@@ -1,0 +1,118 @@
+"""onmt_lite serve: a translation server with OpenNMT-py's and LibreTranslate's HTTP APIs.
+
+    onmt_lite serve -model data/multi30k_en_de_raw.pt -src_lang en -tgt_lang de -port 5000
+    onmt_lite serve -config conf.json -port 5000      # OpenNMT-py's server conf.json
+
+With -model, every other translate.py decoding option (-beam_size, -n_best, -search, ...)
+becomes the model's default.
+"""
+import argparse
+import logging
+import sys
+
+from onmt_lite.cli.options import Parser, add, integer, number
+from onmt_lite.errors import OptionError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="onmt_lite serve", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = parser.add_argument_group("Models (one of)")
+    add(g, "model", help="one checkpoint (onmt_lite or OpenNMT-py) or Marian folder")
+    add(g, "config", help="OpenNMT-py server conf.json: models_root, models [{id, model, opt, "
+                          "tokenizer, timeout, on_timeout, load, src_lang, tgt_lang}]")
+    add(g, "src_lang", help="-model: its source language code (LibreTranslate's API routes by "
+                            "language pair; a Marian folder named *-en-de gives en, de)")
+    add(g, "tgt_lang", help="-model: its target language code")
+    g = parser.add_argument_group("Server")
+    add(g, "host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    add(g, "port", type=integer(0, 65535), default=5000)
+    add(g, "lanes", type=integer(0), default=0,
+        help="batches decoded at the same time per model, each on one torch thread (0: one "
+             "per core)")
+    add(g, "batch_size", type=integer(1), default=32, help="sentences per batch at most")
+    add(g, "max_queue", type=integer(1), default=1024,
+        help="sentences waiting per model; beyond, 503 with Retry-After")
+    add(g, "max_request_bytes", type=integer(0), default=1 << 20,
+        help="larger request bodies get 413 (0: no limit)")
+    add(g, "max_sentences", type=integer(1), default=128, help="texts per request at most")
+    add(g, "max_chars", type=integer(1), default=5000, help="characters per text at most")
+    add(g, "timeout", type=number(above=0), default=60.0,
+        help="seconds a request waits for its translations; then 503")
+    add(g, "drain_timeout", type=number(above=0), default=25.0,
+        help="on SIGTERM, seconds to finish the requests in flight before exiting")
+    add(g, "api_keys", help="file of API keys, one a line: then every translation request "
+                            "needs one (LibreTranslate: the api_key field; /translator/: "
+                            "?api_key= or the X-API-Key header)")
+    return parser
+
+
+def _specs(args, rest):
+    """The models to serve, from -config or from -model and translate.py options ``rest``."""
+    from onmt_lite.cli.translate import build_parser as translate_parser
+    from onmt_lite.serve.config import ModelSpec, check_opt, guess_languages, read_conf
+    if args.config:
+        if args.model or rest:
+            raise OptionError("-config names the models and their options: give no -model "
+                              f"nor translate options ({' '.join(rest) or '-model'})")
+        return read_conf(args.config)
+    if not args.model:
+        raise OptionError("give -model (one model) or -config (OpenNMT-py's conf.json)")
+    parser = translate_parser()
+    argv = ["-model", args.model, "-src", "-"] + rest
+    try:
+        parsed = parser.parse_args(argv)
+        defaults = {a.dest: a.default for a in parser._actions}
+        given = {k: v for k, v in vars(parsed).items() if k not in ("model", "src")
+                 and v != defaults.get(k)}
+    except SystemExit:  # translate's parser printed its error
+        raise OptionError("a translate option above is refused") from None
+    opt = check_opt(given, "onmt_lite serve")
+    src_lang, tgt_lang = args.src_lang, args.tgt_lang
+    if src_lang is None and tgt_lang is None:
+        src_lang, tgt_lang = guess_languages(args.model)
+    return [ModelSpec(0, args.model, opt, src_lang, tgt_lang, user_opt=dict(opt), load=True)]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s %(levelname)s] %(message)s")
+    try:
+        import uvicorn  # noqa: F401 - the serve extra
+
+        from onmt_lite.serve.app import Limits, create_app
+        from onmt_lite.serve.models import Registry, default_lanes
+    except ImportError as err:
+        print(f"onmt_lite serve: error: {err.name} is missing: pip install 'onmt_lite[serve]'",
+              file=sys.stderr)
+        return 1
+    try:
+        specs = _specs(args, rest)
+        keys = None
+        if args.api_keys:
+            try:
+                with open(args.api_keys, encoding="utf-8") as f:
+                    keys = {line.strip() for line in f if line.strip()}
+            except OSError as err:
+                raise OptionError(f"{args.api_keys}: cannot read: {err.strerror}") from None
+            if not keys:
+                raise OptionError(f"{args.api_keys}: holds no key")
+        lanes = args.lanes or default_lanes()
+        registry = Registry(specs, lanes, args.max_queue, batch_size=args.batch_size)
+    except OptionError as err:
+        print(f"onmt_lite serve: error: {err}", file=sys.stderr)
+        return 2
+    limits = Limits(args.max_request_bytes, args.max_sentences, args.max_chars, args.timeout,
+                    args.max_queue)
+    app = create_app(registry, limits, keys)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            timeout_graceful_shutdown=args.drain_timeout)
+    server = uvicorn.Server(config)
+    server.run()  # SIGTERM, SIGINT: stop accepting, finish the requests in flight, exit
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""GET /metrics: the server's counters in Prometheus' text format (prometheus_client)."""
+from typing import Callable, List
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401 - the response's media type
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+disable_created_metrics()  # no *_created series: a timestamp per series that no one graphs
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    """One registry per server (tests run several servers in one process)."""
+
+    def __init__(self, queue_length: Callable[[], float]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("onmt_lite_requests", "HTTP requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("onmt_lite_request_duration_seconds",
+                                 "time from a request's arrival to its answer", ["endpoint"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.sentence_count = Counter("onmt_lite_sentences", "sentences translated", ["model"],
+                                      registry=r)
+        self.batch_size = Histogram("onmt_lite_batch_size", "sentences per decoded batch",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.queue_wait = Histogram("onmt_lite_queue_wait_seconds",
+                                    "time a sentence waited for a lane", ["model"],
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        queue = Gauge("onmt_lite_queue_length", "sentences waiting for a lane", registry=r)
+        queue.set_function(queue_length)
+
+    def request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def sentences(self, model: int, count: int) -> None:
+        self.sentence_count.labels(str(model)).inc(count)
+
+    def batch(self, model: int, size: int, waits: List[float]) -> None:
+        self.batch_size.labels(str(model)).observe(size)
+        for wait in waits:
+            self.queue_wait.labels(str(model)).observe(wait)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

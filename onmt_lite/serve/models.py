@@ -1,0 +1,263 @@
+"""The served models: each loads (at start-up or at its first request), translates through its
+Batcher, unloads after its idle timeout, and can be cloned with other options."""
+import argparse
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from onmt_lite.cli.options import config_value
+from onmt_lite.cli.translate import build_parser
+from onmt_lite.serve.batcher import Batcher, Settings, Stopped
+from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
+from onmt_lite.serve.metrics import Metrics
+from onmt_lite.translate.translator import build_translator
+
+logger = logging.getLogger("onmt_lite")
+
+# OpenNMT-py server options that have no translate.py flag here: accepted and read by the server
+SERVER_OPTIONS = {"report_align": False, "batch_size": 32, "verbose": False, "gpu": -1}
+
+
+class ModelUnavailable(Exception):
+    """A model that failed to load, or is stopping; the message says which and why."""
+
+
+@dataclass
+class Sentence:
+    """A translated sentence: its n-best texts and scores, best first; its source tokens and
+    the best hypothesis' tokens and attention when asked for."""
+    texts: List[str]
+    scores: List[float]
+    src_tokens: List[str] = field(default_factory=list)
+    tgt_tokens: List[str] = field(default_factory=list)
+    attention: Optional[List[List[float]]] = None
+
+
+def translate_options(spec: ModelSpec) -> argparse.Namespace:
+    """translate.py's options for ``spec``: its defaults, then the spec's opt values checked as
+    a YAML -config's are. Raises ConfError naming the option."""
+    parser = build_parser()
+    args = parser.parse_args(["-model", spec.path, "-src", "-"])
+    actions = {a.dest: a for a in parser._actions}
+    given = set()
+    for name, value in spec.opt.items():
+        if name in SERVER_OPTIONS:
+            continue
+        if name not in actions or name == "help":
+            raise ConfError(f"{spec.describe()}: unknown option '{name}'")
+        try:
+            setattr(args, name, config_value(actions[name], value))
+        except argparse.ArgumentTypeError as err:
+            raise ConfError(f"{spec.describe()}: {name}: {err}") from None
+        given.add(name)
+    args.given_options = frozenset(given)
+    return args
+
+
+class ServedModel:
+    """One model of the server. ``state``: unloaded, loading, ready or failed (``error``)."""
+
+    def __init__(self, spec: ModelSpec, lanes: int = 1, batch_size: int = 32,
+                 max_queue: int = 1024, metrics=None):
+        self.spec, self.lanes, self.max_queue, self.metrics = spec, lanes, max_queue, metrics
+        self.options = translate_options(spec)  # refused here, at start-up, not at a request
+        self.batch_size = int(spec.opt.get("batch_size", batch_size))
+        self.report_align = bool(spec.opt.get("report_align", False))
+        self.state, self.error, self.load_time = "unloaded", "", 0.0
+        self.batcher: Optional[Batcher] = None
+        self.translator = None
+        self.lock = threading.Lock()  # loading and unloading
+        self.timer: Optional[threading.Timer] = None
+
+    @property
+    def id(self) -> int:
+        return self.spec.id
+
+    @property
+    def n_best(self) -> int:
+        return self.options.n_best
+
+    @property
+    def beam_size(self) -> int:
+        return self.options.beam_size
+
+    def load(self) -> None:
+        """Loads the model (once; a failure is kept in ``state`` and ``error``)."""
+        with self.lock:
+            if self.state == "ready":
+                return
+            self.state = "loading"
+            start = time.monotonic()
+            try:
+                options = dict(vars(self.options), keep_attention=self.options.replace_unk,
+                               inter_threads=1, workers=1)
+                self.translator = build_translator(options)
+                self.batcher = Batcher(self.translator, self.lanes, self.batch_size,
+                                       self.max_queue, self._on_batch)
+            except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
+                self.state, self.error = "failed", f"{type(err).__name__}: {err}"
+                logger.error("%s failed to load: %s", self.spec.describe(), self.error)
+                return
+            self.load_time = time.monotonic() - start
+            self.state, self.error = "ready", ""
+            logger.info("%s loaded in %.2f s", self.spec.describe(), self.load_time)
+        self._reset_timer()
+
+    def unload(self, drain: bool = True) -> None:
+        """Frees the model; sentences queued are finished first (``drain``)."""
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+            if self.batcher is not None:
+                self.batcher.stop(drain)
+            self.batcher, self.translator = None, None
+            if self.state == "ready":
+                self.state = "unloaded"
+
+    def _reset_timer(self) -> None:
+        if self.spec.timeout < 0:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = threading.Timer(self.spec.timeout, self._on_timeout)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _on_timeout(self) -> None:
+        if self.spec.on_timeout == "unload":  # to_cpu: on CPU there is nothing to move
+            logger.info("%s idle for %g s: unloaded", self.spec.describe(), self.spec.timeout)
+            self.unload()
+
+    def _on_batch(self, size: int, waits: List[float]) -> None:
+        if self.metrics is not None:
+            self.metrics.batch(self.id, size, waits)
+
+    def queued(self) -> int:
+        batcher = self.batcher
+        return batcher.queued() if batcher is not None else 0
+
+    async def translate(self, lines: List[str], n_best: Optional[int] = None,
+                        attention: bool = False) -> List[Sentence]:
+        """Each line's translation (loading the model first if needed). Lines with nothing to
+        translate give "" and score 0, as OpenNMT-py's server does."""
+        if self.state != "ready":
+            await asyncio.to_thread(self.load)
+        batcher, translator = self.batcher, self.translator
+        if self.state != "ready" or batcher is None:
+            raise ModelUnavailable(f"{self.spec.describe()} is not available: "
+                                   f"{self.error or self.state}")
+        n_best = n_best or self.n_best
+        tokens = [translator._source_tokens(line, number) for number, line in
+                  enumerate(lines, 1)]
+        todo = [i for i, toks in enumerate(tokens) if not translator._empty(toks)]
+        try:
+            futures = batcher.submit([tokens[i] for i in todo], Settings(n_best, attention))
+        except Stopped as err:
+            raise ModelUnavailable(f"{self.spec.describe()}: {err}") from None
+        waiting = [asyncio.wrap_future(f) for f in futures]
+        try:
+            done = await asyncio.gather(*waiting)
+        except asyncio.CancelledError:  # timed out or the client left: drop what has not run
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            self._reset_timer()
+        results = [Sentence([""] * n_best, [0.0] * n_best, toks) for toks in tokens]
+        for i, translation in zip(todo, done):
+            results[i] = _sentence(translation, attention)
+        if self.metrics is not None:
+            self.metrics.sentences(self.id, len(lines))
+        return results
+
+    def describe(self) -> dict:
+        """GET /translator/models' entry, as OpenNMT-py's server gives it."""
+        entry = {"model_id": self.id, "opt": self.spec.user_opt,
+                 "models": [os.path.relpath(self.spec.path)], "loaded": self.state == "ready",
+                 "timeout": self.spec.timeout}
+        if self.spec.tokenizer is not None:
+            entry["tokenizer"] = self.spec.tokenizer
+        if self.spec.src_lang:
+            entry["src_lang"], entry["tgt_lang"] = self.spec.src_lang, self.spec.tgt_lang
+        if self.state == "failed":
+            entry["error"] = self.error
+        return entry
+
+
+def _sentence(translation, attention: bool) -> Sentence:
+    texts = translation.output_lines()
+    sentence = Sentence(texts, [float(s) for s in translation.scores], translation.src)
+    if attention:
+        sentence.tgt_tokens = list(translation.preds[0])
+        attn = translation.attns[0]
+        if attn.size(0) > len(sentence.tgt_tokens):  # the row of </s>
+            sentence.tgt_tokens.append("</s>")
+        sentence.attention = [[round(float(x), 4) for x in row] for row in attn.tolist()]
+    return sentence
+
+
+class Registry:
+    """The server's models by id."""
+
+    def __init__(self, specs: List[ModelSpec], lanes: int = 1, max_queue: int = 1024,
+                 batch_size: int = 32):
+        self.lanes, self.max_queue, self.batch_size = lanes, max_queue, batch_size
+        self.metrics = Metrics(self.queued)
+        self.models: Dict[int, ServedModel] = {}
+        for spec in specs:
+            self.models[spec.id] = self._served(spec)
+
+    def _served(self, spec: ModelSpec) -> ServedModel:
+        return ServedModel(spec, self.lanes, self.batch_size, self.max_queue, self.metrics)
+
+    def queued(self) -> int:
+        return sum(model.queued() for model in self.models.values())
+
+    def load_at_start(self) -> None:
+        for model in self.models.values():
+            if model.spec.load:
+                model.load()
+
+    def get(self, model_id) -> Optional[ServedModel]:
+        return self.models.get(model_id)
+
+    def by_languages(self, source: str, target: str) -> Optional[ServedModel]:
+        for model in self.models.values():
+            if (model.spec.src_lang, model.spec.tgt_lang) == (source, target):
+                return model
+        return None
+
+    def clone(self, model_id: int, opt: Optional[dict], timeout: float) -> ServedModel:
+        """A new model: model ``model_id``'s checkpoint with other options (OpenNMT-py's
+        clone_model; the checkpoint is never the client's to name)."""
+        base = self.models[model_id]
+        if opt is None:
+            opt = dict(base.spec.user_opt)
+        opt = check_opt(opt, f"clone of {base.spec.describe()}")
+        merged = {k: v for k, v in base.spec.opt.items() if k not in base.spec.user_opt}
+        merged.update(opt)  # the tokenizer's transform options stay
+        new_id = max(self.models) + 1
+        spec = ModelSpec(new_id, base.spec.path, merged, base.spec.src_lang, base.spec.tgt_lang,
+                         timeout, base.spec.on_timeout, True, base.spec.tokenizer, dict(opt))
+        model = self._served(spec)
+        model.load()
+        if model.state == "failed":
+            raise ModelUnavailable(model.error)
+        self.models[new_id] = model
+        return model
+
+    def stop(self) -> None:
+        for model in self.models.values():
+            model.unload(drain=True)
+
+
+def default_lanes() -> int:
+    """One lane per core (batches side by side on one torch thread each, the fastest layout
+    measured for translate.py)."""
+    return max(1, torch.get_num_threads())
