@@ -8,6 +8,7 @@ becomes the model's default.
 """
 import argparse
 import logging
+import signal
 import sys
 
 from onmt_lite.cli.options import Parser, add, integer, number
@@ -15,8 +16,7 @@ from onmt_lite.errors import OptionError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="onmt_lite serve", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="onmt_lite serve", description=__doc__)
     g = parser.add_argument_group("Models (one of)")
     add(g, "model", help="one checkpoint (onmt_lite or OpenNMT-py) or Marian folder")
     add(g, "config", help="OpenNMT-py server conf.json: models_root, models [{id, model, opt, "
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="batches decoded at the same time per model, each on one torch thread (0: one "
              "per core)")
     add(g, "batch_size", type=integer(1), default=32, help="sentences per batch at most")
+    add(g, "batch_wait", type=number(0), default=0.01,
+        help="seconds a free lane waits for more sentences while another lane decodes (with "
+             "every lane free, none)")
     add(g, "max_queue", type=integer(1), default=1024,
         help="sentences waiting per model; beyond, 503 with Retry-After")
     add(g, "max_request_bytes", type=integer(0), default=1 << 20,
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
             if not keys:
                 raise OptionError(f"{args.api_keys}: holds no key")
         lanes = args.lanes or default_lanes()
-        registry = Registry(specs, lanes, args.max_queue, batch_size=args.batch_size)
+        registry = Registry(specs, lanes, args.max_queue, args.batch_size, args.batch_wait)
     except OptionError as err:
         print(f"onmt_lite serve: error: {err}", file=sys.stderr)
         return 2
@@ -110,7 +113,12 @@ def main(argv=None) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.drain_timeout)
     server = uvicorn.Server(config)
-    server.run()  # SIGTERM, SIGINT: stop accepting, finish the requests in flight, exit
+    # uvicorn handles SIGTERM and SIGINT while it runs (stop accepting, finish the requests in
+    # flight), then raises the signal again to the handler it found: make that one a no-op, so a
+    # drained server exits with status 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
     return 0 if server.started else 1
 
 

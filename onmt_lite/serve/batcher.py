@@ -64,12 +64,17 @@ class Batcher:
         lanes: batches decoded at the same time (threads of one torch thread each when more
             than one; one lane uses every core).
         batch_size: sentences per batch at most; max_queue: sentences waiting at most.
+        batch_wait: seconds a free lane waits for a fuller batch while another lane decodes
+            (under load, the answers of one batch bring the next requests a moment later);
+            with every lane free a sentence never waits.
         on_batch: called with each batch's size and the seconds its sentences waited.
     """
 
     def __init__(self, translator, lanes: int = 1, batch_size: int = 32, max_queue: int = 1024,
-                 on_batch: Optional[Callable[[int, List[float]], None]] = None):
+                 on_batch: Optional[Callable[[int, List[float]], None]] = None,
+                 batch_wait: float = 0.0):
         self.translator, self.batch_size, self.max_queue = translator, batch_size, max_queue
+        self.batch_wait = batch_wait
         self.on_batch = on_batch
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()
@@ -132,11 +137,17 @@ class Batcher:
         """The oldest waiting sentence and the others of its settings, up to batch_size;
         cancelled ones (their request timed out or left) are dropped. [] once stopped."""
         with self.changed:
+            deadline = None
             while True:
                 while not self.pending and not self.stopping:
                     self.changed.wait()
                 if not self.pending:
                     return []
+                if self.running and len(self.pending) < self.batch_size and not self.stopping:
+                    deadline = deadline or time.monotonic() + self.batch_wait
+                    if deadline > time.monotonic():
+                        self.changed.wait(deadline - time.monotonic())
+                        continue
                 settings = self.pending[0].settings
                 batch, others = [], collections.deque()
                 while self.pending and len(batch) < self.batch_size:

@@ -96,8 +96,9 @@ def read_conf(path: str) -> List[ModelSpec]:
         raise ConfError(f"{path}: not JSON: {err}") from None
     if not isinstance(conf, dict) or not isinstance(conf.get("models"), list):
         raise ConfError(f"{path}: expected an object with a 'models' list")
-    base = os.path.dirname(os.path.abspath(path))
-    models_root = os.path.join(base, conf.get("models_root", "./available_models"))
+    models_root = conf.get("models_root", "./available_models")  # as OpenNMT-py: from the cwd
+    if not isinstance(models_root, str):
+        raise ConfError(f"{path}: 'models_root' must be a folder path")
     specs, next_id = [], 0
     for number, entry in enumerate(conf["models"]):
         where = f"{path}: models[{number}]"

@@ -64,8 +64,9 @@ class ServedModel:
     """One model of the server. ``state``: unloaded, loading, ready or failed (``error``)."""
 
     def __init__(self, spec: ModelSpec, lanes: int = 1, batch_size: int = 32,
-                 max_queue: int = 1024, metrics=None):
+                 max_queue: int = 1024, metrics=None, batch_wait: float = 0.0):
         self.spec, self.lanes, self.max_queue, self.metrics = spec, lanes, max_queue, metrics
+        self.batch_wait = batch_wait
         self.options = translate_options(spec)  # refused here, at start-up, not at a request
         self.batch_size = int(spec.opt.get("batch_size", batch_size))
         self.report_align = bool(spec.opt.get("report_align", False))
@@ -99,7 +100,7 @@ class ServedModel:
                                inter_threads=1, workers=1)
                 self.translator = build_translator(options)
                 self.batcher = Batcher(self.translator, self.lanes, self.batch_size,
-                                       self.max_queue, self._on_batch)
+                                       self.max_queue, self._on_batch, self.batch_wait)
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
                 logger.error("%s failed to load: %s", self.spec.describe(), self.error)
@@ -206,15 +207,17 @@ class Registry:
     """The server's models by id."""
 
     def __init__(self, specs: List[ModelSpec], lanes: int = 1, max_queue: int = 1024,
-                 batch_size: int = 32):
+                 batch_size: int = 32, batch_wait: float = 0.0):
         self.lanes, self.max_queue, self.batch_size = lanes, max_queue, batch_size
+        self.batch_wait = batch_wait
         self.metrics = Metrics(self.queued)
         self.models: Dict[int, ServedModel] = {}
         for spec in specs:
             self.models[spec.id] = self._served(spec)
 
     def _served(self, spec: ModelSpec) -> ServedModel:
-        return ServedModel(spec, self.lanes, self.batch_size, self.max_queue, self.metrics)
+        return ServedModel(spec, self.lanes, self.batch_size, self.max_queue, self.metrics,
+                           self.batch_wait)
 
     def queued(self) -> int:
         return sum(model.queued() for model in self.models.values())
