@@ -7,7 +7,7 @@ hypothesis per sentence. Only bookkeeping of finished hypotheses touches Python 
 at steps where some hypothesis ends.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Generator, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -36,7 +36,26 @@ class Search:
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
                 beam_size: int, bos: int, keep_attention: bool = True) -> List[List[Hypothesis]]:
-    """Searches a batch; finished sentences leave the decoder state.
+    """Searches a batch to its end (see search_steps)."""
+    return run_to_end(search_steps(model, src, src_len, search, beam_size=beam_size, bos=bos,
+                                   keep_attention=keep_attention))
+
+
+def run_to_end(steps: Iterator):
+    """The value a step generator returns, once every step has run."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
+                 beam_size: int, bos: int, keep_attention: bool = True
+                 ) -> Generator[None, None, List[List[Hypothesis]]]:
+    """Searches a batch one decoder step per ``next``; finished sentences leave the decoder
+    state. Between steps the caller may run other searches (the server interleaves batches so
+    that a new one need not wait for a long one to end); each keeps its own decoder state.
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
@@ -145,6 +164,7 @@ def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search,
                     processor.keep(rows_list)
         if k > 1 or len(keep) < n:  # one hypothesis per sentence stays where it is
             dec.map_state(lambda state, dim: state.index_select(dim, select))
+        yield
     return results
 
 

@@ -1,11 +1,16 @@
-"""Sentences from many requests, decoded in shared batches.
+"""Sentences from many requests, decoded in shared batches, batches interleaved step by step.
 
 Every request's sentences join one queue per model. Each lane (a thread with its own decoder
 state, the weights shared, as ``-inter_threads`` runs batches) takes the oldest waiting sentence
 and every other waiting sentence that decodes with the same settings, up to ``batch_size``, and
-decodes them as one batch. Nothing waits for a batch to fill: a lane that is free takes what is
-there, so one client alone gets its sentence at once and 32 clients together get batches. With
-several lanes a short request is not held behind a long batch that another lane decodes.
+decodes them as one batch. Nothing waits for a batch to fill when the lanes are free: one client
+alone gets its sentence at once, and 32 clients together get batches.
+
+A lane runs several batches at once, one decoder step at a time each (the search is a step
+generator, search/loop.py): sentences that arrive while a long batch decodes start their own
+batch at the next step boundary instead of waiting for the long one to end. The lane steps the
+batch that has used the least decoding time, and a batch that joins starts ``head_start``
+seconds behind the others, so a short request runs first and then shares the lane fairly.
 
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
@@ -24,7 +29,7 @@ from typing import Callable, Deque, List, Optional
 import torch
 
 from onmt_lite.models.ensemble import EnsembleModel
-from onmt_lite.models.model import replica
+from onmt_lite.models.model import inference, replica
 
 logger = logging.getLogger("onmt_lite")
 
@@ -67,32 +72,27 @@ class Batcher:
         batch_wait: seconds a free lane waits for a fuller batch while another lane decodes
             (under load, the answers of one batch bring the next requests a moment later);
             with every lane free a sentence never waits.
+        max_batches: batches a lane decodes at once, step by step.
+        head_start: seconds of decoding a batch that joins a busy lane may use before it shares
+            the lane with the batches that were there.
         on_batch: called with each batch's size and the seconds its sentences waited.
     """
 
     def __init__(self, translator, lanes: int = 1, batch_size: int = 32, max_queue: int = 1024,
                  on_batch: Optional[Callable[[int, List[float]], None]] = None,
-                 batch_wait: float = 0.0):
+                 batch_wait: float = 0.0, max_batches: int = 4, head_start: float = 0.5):
         self.translator, self.batch_size, self.max_queue = translator, batch_size, max_queue
-        self.batch_wait = batch_wait
+        self.batch_wait, self.max_batches, self.head_start = batch_wait, max_batches, head_start
         self.on_batch = on_batch
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()
         self.stopping = False
         self.running = 0  # sentences being decoded
         self.rate = 0.0  # sentences per second, a moving average (for Retry-After)
-        self.lanes = [threading.Thread(target=self._lane, args=(self._lane_translator(i),),
-                                       name=f"lane-{i}", daemon=True) for i in range(lanes)]
+        self.lanes = [threading.Thread(target=self._lane, args=(translator,), name=f"lane-{i}",
+                                       daemon=True) for i in range(lanes)]
         for lane in self.lanes:
             lane.start()
-
-    def _lane_translator(self, number: int):
-        if number == 0:
-            return self.translator
-        twin = copy.copy(self.translator)
-        model = self.translator.model
-        twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
-        return twin
 
     # -- the request side -----------------------------------------------------------------
     def submit(self, sentences: List[List[str]], settings: Settings) -> List[Future]:
@@ -133,21 +133,28 @@ class Batcher:
             lane.join()
 
     # -- the lanes ------------------------------------------------------------------------
-    def _take(self) -> List[Job]:
+    def _take(self, busy: bool) -> List[Job]:
         """The oldest waiting sentence and the others of its settings, up to batch_size;
-        cancelled ones (their request timed out or left) are dropped. [] once stopped."""
+        cancelled ones (their request timed out or left) are dropped. A lane with batches of its
+        own (``busy``) does not wait, and takes sentences only once the oldest has waited
+        batch_wait or a batch's worth wait. [] when there is nothing to take (once stopped, or
+        for a busy lane)."""
         with self.changed:
             deadline = None
             while True:
-                while not self.pending and not self.stopping:
+                while not self.pending and not self.stopping and not busy:
                     self.changed.wait()
                 if not self.pending:
                     return []
-                if self.running and len(self.pending) < self.batch_size and not self.stopping:
-                    deadline = deadline or time.monotonic() + self.batch_wait
-                    if deadline > time.monotonic():
-                        self.changed.wait(deadline - time.monotonic())
-                        continue
+                now = time.monotonic()
+                if len(self.pending) < self.batch_size and not self.stopping:
+                    if busy and now - self.pending[0].queued < self.batch_wait:
+                        return []
+                    if not busy and self.running:  # under load: a fuller batch in a moment
+                        deadline = deadline or now + self.batch_wait
+                        if deadline > now:
+                            self.changed.wait(deadline - now)
+                            continue
                 settings = self.pending[0].settings
                 batch, others = [], collections.deque()
                 while self.pending and len(batch) < self.batch_size:
@@ -160,39 +167,72 @@ class Batcher:
                 if batch:
                     self.running += len(batch)
                     return batch
+                if busy:
+                    return []
 
     def _lane(self, translator) -> None:
         if len(self.lanes) > 1:
             torch.set_num_threads(1)
-        variants = {}
+        variants, active = {}, []
         while True:
-            batch = self._take()
-            if not batch:
-                return
+            if len(active) < self.max_batches:
+                batch = self._take(busy=bool(active))
+                if batch:
+                    settings = batch[0].settings
+                    if settings not in variants:
+                        variants[settings] = _variant(translator, settings)
+                    least = min((b.used for b in active), default=0.0)
+                    active.append(_Batch(variants[settings], batch,
+                                         max(0.0, least - self.head_start)))
+                    if self.on_batch is not None:
+                        self.on_batch(len(batch), [time.monotonic() - job.queued
+                                                   for job in batch])
+            if not active:
+                if self.stopping:
+                    return
+                continue
+            running = min(active, key=lambda b: b.used)
             start = time.monotonic()
-            settings = batch[0].settings
-            if settings not in variants:
-                variants[settings] = _variant(translator, settings)
-            # as translate.py cuts batches: by source length (stable), so that padding is alike
-            order = sorted(range(len(batch)), key=lambda i: len(batch[i].tokens))
-            tokens = [batch[i].tokens for i in order]
             try:
-                translations = variants[settings]._translate_batch(list(range(len(tokens))),
-                                                                   tokens, None)
+                with inference():
+                    done = running.step()
             except Exception as err:  # noqa: BLE001 - a batch that fails fails its sentences
-                logger.exception("a batch of %d sentences failed", len(batch))
-                for job in batch:
+                logger.exception("a batch of %d sentences failed", len(running.jobs))
+                for job in running.jobs:
                     job.future.set_exception(err)
-            else:
-                for i, translation in zip(order, translations):
-                    batch[i].future.set_result(translation)
-            elapsed = max(time.monotonic() - start, 1e-6)
-            with self.changed:
-                self.running -= len(batch)
-                rate = len(batch) * len(self.lanes) / elapsed
-                self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
-            if self.on_batch is not None:
-                self.on_batch(len(batch), [start - job.queued for job in batch])
+                done = True
+            running.used += time.monotonic() - start
+            if done:
+                active.remove(running)
+                elapsed = max(time.monotonic() - running.started, 1e-6)
+                with self.changed:
+                    self.running -= len(running.jobs)
+                    rate = len(running.jobs) * len(self.lanes) / elapsed
+                    self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
+
+
+class _Batch:
+    """A batch a lane decodes, step by step, with a decoder of its own."""
+
+    def __init__(self, translator, jobs: List[Job], used: float):
+        self.jobs, self.used, self.started = jobs, used, time.monotonic()
+        twin = copy.copy(translator)  # its own decoder state: other batches step in between
+        model = translator.model
+        twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
+        # as translate.py cuts batches: by source length (stable), so that padding is alike
+        self.order = sorted(range(len(jobs)), key=lambda i: len(jobs[i].tokens))
+        tokens = [jobs[i].tokens for i in self.order]
+        self.steps = twin.batch_steps(list(range(len(tokens))), tokens, None)
+
+    def step(self) -> bool:
+        """One decoder step; True once the batch is done (its futures then hold results)."""
+        try:
+            next(self.steps)
+            return False
+        except StopIteration as end:
+            for i, translation in zip(self.order, end.value):
+                self.jobs[i].future.set_result(translation)
+            return True
 
 
 def _variant(translator, settings: Settings):

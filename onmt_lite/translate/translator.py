@@ -8,7 +8,7 @@ import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from tqdm import tqdm
@@ -25,7 +25,7 @@ from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
 from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
 from onmt_lite.search.global_scorer import COVERAGE_PENALTIES, LENGTH_PENALTIES, GNMTGlobalScorer
-from onmt_lite.search.loop import beam_search
+from onmt_lite.search.loop import run_to_end, search_steps
 from onmt_lite.search.presets import LACKS, PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import (
@@ -388,6 +388,13 @@ class Translator:
     def _translate_batch(self, indices: List[int], src_tokens, tgt_tokens,
                          offset: int = 0) -> List[Translation]:
         """Translates lines ``indices`` of a shard that starts at input line ``offset``."""
+        return run_to_end(self.batch_steps(indices, src_tokens, tgt_tokens, offset))
+
+    def batch_steps(self, indices: List[int], src_tokens, tgt_tokens, offset: int = 0
+                    ) -> Generator[None, None, List[Translation]]:
+        """_translate_batch one decoder step per ``next`` (the batch engine; the sentence
+        engine runs whole at the first). Run each step under ``inference()``; the translator
+        must have a decoder of its own (``replica``) while another batch is between steps."""
         results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
         if self._empty(src_tokens[indices[0]]):  # the batch of empty lines: empty translations
@@ -418,8 +425,9 @@ class Translator:
                                   vocab=self.tgt_vocab, max_length=max_length,
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
-            hyps = beam_search(self.model, src, src_len, search, beam_size=self.opt.beam_size,
-                               bos=self.tgt_vocab.bos, keep_attention=self.opt.keep_attention)
+            hyps = yield from search_steps(self.model, src, src_len, search,
+                                           beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
+                                           keep_attention=self.opt.keep_attention)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
