@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = ("translate", "train", "evaluate", "convert", "plot")
+COMMANDS = ("translate", "train", "evaluate", "convert", "plot", "serve")
 CHECKED_PATHS = re.compile(r"(?<![\w./~$-])(?:data|configs)/[\w.\-/]+")
 SEPARATORS = {"|", "||", "&&", ";", "&"}
 REDIRECTIONS = {">", ">>", "<", ">&", "<&", "&>"}
@@ -119,8 +119,9 @@ def _program(tokens):
         match = re.fullmatch(r"onmt_lite_(\w+)", name)
         if match and match.group(1) in COMMANDS:
             return match.group(1), _arguments(tokens[i + 1:])
-        if token == "-m" and tokens[i + 1:i + 2] == ["onmt_lite"]:
-            rest = tokens[i + 2:]
+        if token == "-m" and tokens[i + 1:i + 2] == ["onmt_lite"] or (
+                i == 0 and token == "onmt_lite"):
+            rest = tokens[i + 2:] if token == "-m" else tokens[i + 1:]
             if rest and rest[0] in COMMANDS:
                 return rest[0], _arguments(rest[1:])
             return "onmt_lite", _arguments(rest)
@@ -154,6 +155,12 @@ def parser_of(program: str) -> argparse.ArgumentParser:
     if program not in _parsers:
         if program == "onmt_lite":  # python -m onmt_lite -h: the command list
             parser = argparse.ArgumentParser(prog="python -m onmt_lite")
+        elif program == "serve":  # its own options, then translate.py's as the model's defaults
+            parser = importlib.import_module("onmt_lite.cli.serve").build_parser()
+            translate = importlib.import_module("onmt_lite.cli.translate").build_parser()
+            for action in translate._actions:
+                if not any(o in parser._option_string_actions for o in action.option_strings):
+                    parser._add_action(action)
         elif program in COMMANDS:
             parser = importlib.import_module(f"onmt_lite.cli.{program}").build_parser()
         else:  # a benchmark script: the parser its main() builds, caught at parse_args

@@ -1,0 +1,286 @@
+"""The translation server under load, against the command line and OpenNMT-py's server.
+
+    python benchmarks/serve_bench.py -peers ~/onmt-peers -json serve.json
+
+One checkpoint (the OpenNMT-py Transformer fixture, which all three tools load) and the
+sentences of the test set. Clients are closed loops (send a request, wait for its answer, send
+the next) over keep-alive connections, written on asyncio streams so that the client costs the
+2-core machine as little as possible; every tool is measured by the same client. Reported per
+setting (clients x sentences per request): sentences per second and the p50 / p99 latency of a
+request. Beside them: translate.py's batch throughput on the same sentences (its translation
+time, start-up excluded), and OpenNMT-py's server (``onmt_server``, peers virtualenv) with the
+same checkpoint and beam. The mixed load sends one-sentence requests from one client while
+``-mixed_clients`` clients send ten long sentences each, and compares the short requests' p99
+with their p99 on the idle server. ``-memory_requests N`` sends N one-sentence requests and
+samples the server's resident memory as they go. The JSON names the CPU.
+"""
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from defaults_bench import cpu  # noqa: E402  (a sibling script, not a package)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(ROOT, "..", "shared")
+
+
+# -- a lean HTTP/1.1 client -------------------------------------------------------------------
+class Connection:
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def post(self, path: str, payload) -> tuple:
+        """(status, parsed JSON body) of a POST on a kept-alive connection."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        body = json.dumps(payload).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                          f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                          + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        data = await self.reader.readexactly(length)
+        if re.search(rb"(?i)connection: *close", head):
+            self.writer.close()
+            self.reader = self.writer = None
+        return status, json.loads(data)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def request_body(api: str, sentences):
+    if api == "onmt":
+        return "/translator/translate", [{"src": s, "id": 0} for s in sentences]
+    return "/translate", {"q": list(sentences), "source": "en", "target": "de"}
+
+
+async def closed_loop(port: int, api: str, clients: int, per_request: int, lines, total: int):
+    """``clients`` clients each sending requests of ``per_request`` lines until ``total``
+    sentences are answered; (sentences per second, request latencies)."""
+    queue = [lines[i % len(lines):i % len(lines) + per_request]
+             for i in range(0, total, per_request)]
+    queue = [q if len(q) == per_request else lines[:per_request] for q in queue]
+    latencies, errors = [], []
+
+    async def client():
+        connection = Connection(port)
+        try:
+            while queue:
+                sentences = queue.pop()
+                path, payload = request_body(api, sentences)
+                start = time.perf_counter()
+                status, _ = await connection.post(path, payload)
+                latencies.append(time.perf_counter() - start)
+                if status != 200:
+                    errors.append(status)
+        finally:
+            connection.close()
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[:5]}")
+    return len(latencies) * per_request / elapsed, latencies
+
+
+async def mixed(port: int, api: str, long_clients: int, long_lines, short_lines):
+    """Short one-sentence requests, one at a time, while ``long_clients`` clients keep ten-line
+    requests of long sentences going; the short requests' latencies."""
+    stop = False
+
+    async def long_client():
+        connection = Connection(port)
+        try:
+            while not stop:
+                await connection.post(*request_body(api, long_lines[:10]))
+        finally:
+            connection.close()
+    runners = [asyncio.create_task(long_client()) for _ in range(long_clients)]
+    await asyncio.sleep(1.0)  # the long requests are decoding
+    _, latencies = await closed_loop(port, api, 1, 1, short_lines, len(short_lines))
+    stop = True
+    await asyncio.gather(*runners)
+    return latencies
+
+
+def percentile(values, q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+# -- the servers --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(process, port: int, path: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                if b" 200 " in s.recv(100):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+def start_onmt_lite(args, port: int):
+    cmd = [sys.executable, "-m", "onmt_lite", "serve", "-model", args.model, "-src_lang", "en",
+           "-tgt_lang", "de", "-port", str(port), "-beam_size", str(args.beam_size),
+           *args.serve_options.split()]
+    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_ready(process, port, "/ready")
+    return process
+
+
+def start_onmt_py(args, port: int, work: str):
+    conf = os.path.join(work, "conf.json")
+    with open(conf, "w") as f:
+        json.dump({"models_root": os.path.dirname(os.path.abspath(args.model)), "models": [
+            {"id": 0, "model": os.path.basename(args.model), "load": True,
+             "opt": {"beam_size": args.beam_size}}]}, f)
+    env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    process = subprocess.Popen([os.path.join(args.peers, "bin", "onmt_server"), "--ip",
+                                "127.0.0.1", "--port", str(port), "--model_config", conf],
+                               cwd=work, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_ready(process, port, "/translator/health")
+    return process
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def command_line_rate(args, lines, work: str) -> float:
+    src, out = os.path.join(work, "src.txt"), os.path.join(work, "out.txt")
+    with open(src, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model",
+                           args.model, "-src", src, "-output", out, "-beam_size",
+                           str(args.beam_size), "-report_time", "-no_progress"],
+                          capture_output=True, text=True, check=True)
+    seconds = float(re.search(r"Total translation time \(s\): ([\d.]+)", proc.stderr).group(1))
+    return len(lines) / seconds
+
+
+def measure_server(args, name: str, port: int, api: str, lines, settings) -> list:
+    rows = []
+    for clients, per_request in settings:
+        total = args.sentences if name == "onmt_lite" else args.peer_sentences
+        total = max(total, clients * per_request)
+        rate, latencies = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))
+        row = {"server": name, "clients": clients, "sentences_per_request": per_request,
+               "sentences": len(latencies) * per_request, "sentences_per_s": rate,
+               "p50_ms": 1000 * percentile(latencies, 0.5),
+               "p99_ms": 1000 * percentile(latencies, 0.99)}
+        rows.append(row)
+        print(f"{name:10} {clients:4} clients x {per_request:2} sentences: {rate:7.1f} sent/s, "
+              f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms", file=sys.stderr)
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-model", default=os.path.join(SHARED, "fixtures", "onmt-py",
+                                                  "transformer.pt"))
+    p.add_argument("-src", default=os.path.join(SHARED, "data", "multi30k",
+                                                "test_2016_flickr.lc.tok.en"))
+    p.add_argument("-peers", help="virtualenv with OpenNMT-py (../shared/peers/setup-peers.sh)")
+    p.add_argument("-beam_size", type=int, default=5)
+    p.add_argument("-clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("-per_request", type=int, nargs="+", default=[1, 10])
+    p.add_argument("-sentences", type=int, default=1000, help="per setting, onmt_lite")
+    p.add_argument("-peer_sentences", type=int, default=200, help="per setting, OpenNMT-py")
+    p.add_argument("-peer_clients", type=int, nargs="+", default=[1, 16, 32])
+    p.add_argument("-mixed_clients", type=int, default=4)
+    p.add_argument("-memory_requests", type=int, default=0)
+    p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
+    p.add_argument("-json", help="also write the figures here")
+    args = p.parse_args(argv)
+    with open(args.src, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    results = {"cpu": cpu(), "model": os.path.basename(args.model), "beam_size": args.beam_size,
+               "rows": []}
+    settings = [(c, n) for n in args.per_request for c in args.clients]
+    with tempfile.TemporaryDirectory() as work:
+        results["command_line_sentences_per_s"] = command_line_rate(args, lines, work)
+        print(f"translate.py: {results['command_line_sentences_per_s']:.1f} sent/s",
+              file=sys.stderr)
+        port = free_port()
+        server = start_onmt_lite(args, port)
+        try:
+            results["rows"] += measure_server(args, "onmt_lite", port, "libre", lines, settings)
+            by_length = sorted(lines, key=len)
+            short, long = by_length[:100:2], by_length[-10:]
+            idle = asyncio.run(closed_loop(port, "libre", 1, 1, short, len(short)))[1]
+            busy = asyncio.run(mixed(port, "libre", args.mixed_clients, long, short))
+            results["mixed"] = {"long_clients": args.mixed_clients,
+                                "short_idle_p50_ms": 1000 * percentile(idle, 0.5),
+                                "short_idle_p99_ms": 1000 * percentile(idle, 0.99),
+                                "short_busy_p50_ms": 1000 * percentile(busy, 0.5),
+                                "short_busy_p99_ms": 1000 * percentile(busy, 0.99)}
+            print(f"mixed: {results['mixed']}", file=sys.stderr)
+            if args.memory_requests:
+                samples = [rss_mib(server.pid)]
+                step = max(1, args.memory_requests // 10)
+                for _ in range(0, args.memory_requests, step):
+                    asyncio.run(closed_loop(port, "libre", 32, 1, lines, step))
+                    samples.append(rss_mib(server.pid))
+                    print(f"memory after {step * (len(samples) - 1)} requests: "
+                          f"{samples[-1]:.0f} MiB", file=sys.stderr)
+                results["memory_mib"] = {"requests": args.memory_requests, "samples": samples}
+        finally:
+            server.terminate()
+            server.wait()
+        if args.peers:
+            port = free_port()
+            peer = start_onmt_py(args, port, work)
+            try:
+                results["rows"] += measure_server(args, "OpenNMT-py", port, "onmt", lines,
+                                                  [(c, 1) for c in args.peer_clients])
+            finally:
+                peer.terminate()
+                peer.wait()
+    cli = results["command_line_sentences_per_s"]
+    print(f"CPU: {results['cpu']['model']}, {results['cpu']['cores']} cores; translate.py "
+          f"{cli:.1f} sentences/s")
+    print(f"{'server':10} {'clients':>7} {'sent/req':>8} {'sent/s':>8} {'vs CLI':>7} "
+          f"{'p50 ms':>8} {'p99 ms':>8}")
+    for r in results["rows"]:
+        print(f"{r['server']:10} {r['clients']:7} {r['sentences_per_request']:8} "
+              f"{r['sentences_per_s']:8.1f} {r['sentences_per_s'] / cli:7.2f} "
+              f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f}")
+    if "mixed" in results:
+        m = results["mixed"]
+        print(f"mixed load ({m['long_clients']} clients of 10 long sentences): short requests "
+              f"p50 {m['short_busy_p50_ms']:.0f} ms, p99 {m['short_busy_p99_ms']:.0f} ms; idle p50 "
+              f"{m['short_idle_p50_ms']:.0f} ms, p99 {m['short_idle_p99_ms']:.0f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
