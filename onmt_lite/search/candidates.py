@@ -13,17 +13,34 @@ import torch
 class TopK:
     """The ``width`` best candidates of each sentence: ``beam_size`` (OpenNMT-py) or
     2 x ``beam_size`` (fairseq, Hugging Face, CTranslate2, TensorFlow: enough to refill the beam
-    when some end). ``exact``: plain ``topk`` order among equal scores, as Hugging Face takes."""
+    when some end). ``exact``: plain ``topk`` order among equal scores, as Hugging Face takes.
+    ``lowest_first``: equal scores in index order (CTranslate2's greedy search)."""
     width_factor: int = 1
     exact: bool = False
+    lowest_first: bool = False
 
     def pick(self, scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(n, k, V) candidate scores -> values (n, width), best first, and indices (n, width)
         into the flattened k * V."""
         width = min(self.width_factor * k, scores.size(1) * scores.size(2))
+        if self.lowest_first:
+            values, ids = scores.reshape(scores.size(0), -1).sort(dim=1, descending=True, stable=True)
+            return values[:, :width], ids[:, :width]
         if self.exact:
             return scores.reshape(scores.size(0), -1).topk(width, dim=1)
         return top_candidates(scores, width)
+
+
+@dataclass(frozen=True)
+class Argmax:
+    """The best candidate of each sentence of one hypothesis, the lowest token id among equal
+    scores: Hugging Face's greedy ``torch.argmax(next_token_scores, dim=-1)``
+    (transformers/generation/utils.py, ``_sample``); ``topk`` may take another of them."""
+
+    def pick(self, scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        flat = scores.reshape(scores.size(0), -1)
+        ids = flat.argmax(1, keepdim=True)
+        return flat.gather(1, ids), ids
 
 
 @dataclass

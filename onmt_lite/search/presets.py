@@ -15,7 +15,7 @@ import torch
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.errors import OptionError
-from onmt_lite.search.candidates import BeamSampler, Sampler, TopK
+from onmt_lite.search.candidates import Argmax, BeamSampler, Sampler, TopK
 from onmt_lite.search.finishing import (
     AliveFinished,
     DiverseGroups,
@@ -76,14 +76,17 @@ PRESETS = {
     "onmt": Preset("onmt", "slots", FINISHED_SCORE, "onmt", ban_renormalises=True,
                    defaults=()),
     "hf": Preset("hf", "refill", NEG_INF, "no_repeat", ban_renormalises=False,
-                 on_logits="greedy"),
+                 on_logits="greedy",
+                 # GenerationConfig: num_beams=1, max_length=20 (the decoder's start counted)
+                 defaults=(("max_length_ratio", 0.0), ("beam_size", 1), ("max_length", 19))),
     "fairseq": Preset("fairseq", "first", NEG_INF, "no_repeat", ban_renormalises=False,
                       bans_pad=True),
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
                           ban_renormalises=False, on_logits="always", count_start=False,
-                          # translate_batch(max_decoding_length=256, min_decoding_length=1)
-                          defaults=(("max_length_ratio", 0.0), ("max_length", 256),
-                                    ("min_length", 1))),
+                          # translate_batch's signature: beam_size=2,
+                          # max_decoding_length=256, min_decoding_length=1
+                          defaults=(("max_length_ratio", 0.0), ("beam_size", 2),
+                                    ("max_length", 256), ("min_length", 1))),
     "tf": Preset("tf", "alive", NEG_INF, "none", ban_renormalises=False),
 }
 # what each preset's toolkit lacks: these options must keep their "off" value under it
@@ -145,7 +148,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         rule = OnmtSlots(scorer, eos, max_length, opt.n_best,
                          stepwise_penalty=opt.stepwise_penalty and not greedy,  # as OpenNMT-py
                          ratio=0.0 if greedy else opt.ratio)
-        selection = sampler or TopK()
+        # generate()'s greedy search takes argmax: the lowest id among equal scores
+        selection = sampler or (Argmax() if preset.rule == "refill" else TopK())
     elif preset.rule == "refill":
         rule = RefillBeams(eos, max_length, opt.n_best, opt.alpha, opt.early_stopping)
         selection = BeamSampler(sampler.generator) if beam_sampling else TopK(
@@ -159,7 +163,9 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         selection = TopK(width_factor=rule.width_factor, exact=True)
     elif preset.rule == "replace":
         rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience, prefixes)
-        selection = TopK(width_factor=rule.width_factor, exact=True)
+        # greedy: CTranslate2's GreedySearch takes TopK(1), a std::partial_sort over the
+        # vocabulary (src/ops/topk_cpu.cc) that keeps the first of equal maxima
+        selection = TopK(width_factor=rule.width_factor, exact=True, lowest_first=greedy)
     else:
         rule = AliveFinished(eos, max_length, opt.n_best, opt.alpha)
         selection = TopK(width_factor=rule.width_factor, exact=True)
