@@ -15,6 +15,8 @@ SOURCES = ["A man is riding a bike.", "Two dogs play in the park near water",
 OPUS_GENERATION = {"bad_words_ids": "pad", "bos_token_id": 0, "decoder_start_token_id": "pad",
                    "eos_token_id": 0, "forced_eos_token_id": 0, "max_length": 24,
                    "num_beams": 4, "pad_token_id": "pad", "renormalize_logits": True}
+TINY_WORDS = "a b ab ba aab".split()  # a tiny vocabulary's text
+TWINS = ((2, 3), (4, 5), (6, 7))  # its token ids of equal embeddings and biases, in pairs
 
 
 def sentences(n: int, seed: int):
@@ -23,12 +25,19 @@ def sentences(n: int, seed: int):
             + rng.choice([".", "!", "?", ""]) for _ in range(n)]
 
 
-def _spm(folder, name: str, seed: int) -> sentencepiece.SentencePieceProcessor:
+def _tiny_sentences(n: int, seed: int):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(2, 8))) for _ in range(n)]
+
+
+def _spm(folder, name: str, seed: int, tiny: bool = False) -> sentencepiece.SentencePieceProcessor:
+    """A unigram model of 80 pieces, or ``tiny``: of 10 (7 pieces over TINY_WORDS)."""
     text = os.path.join(folder, f"{name}.txt")
     with open(text, "w", encoding="utf-8") as f:
-        f.write("\n".join(sentences(300, seed)) + "\n")
+        f.write("\n".join((_tiny_sentences if tiny else sentences)(300, seed)) + "\n")
     sentencepiece.SentencePieceTrainer.train(input=text, model_prefix=os.path.join(folder, name),
-                                             vocab_size=80, model_type="unigram", minloglevel=2)
+                                             vocab_size=10 if tiny else 80,
+                                             model_type="unigram", minloglevel=2)
     os.remove(text)
     os.remove(os.path.join(folder, f"{name}.vocab"))
     os.replace(os.path.join(folder, f"{name}.model"), os.path.join(folder, f"{name}.spm"))
@@ -50,13 +59,18 @@ def _vocab(*models) -> dict:
 
 def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: bool = False,
                  generation=OPUS_GENERATION, pad_bias: float = 0.0, eos_bias: float = 0.0,
-                 **config) -> str:
+                 tiny_target: bool = False, **config) -> str:
     """Writes a Marian directory; ``config`` overrides MarianConfig values; ``pad_bias`` and
-    ``eos_bias`` are added to the pad and </s> tokens' logits."""
+    ``eos_bias`` are added to the pad and </s> tokens' logits.
+
+    ``tiny_target``: a vocabulary of 11 (</s>, <unk>, 7 pieces over TINY_WORDS, >>de<<, <pad>;
+    source and target pieces alike) whose pieces come in pairs (2, 3), (4, 5), (6, 7) with
+    equal embeddings (the output projection's rows) and biases: the two tokens of a pair always
+    tie exactly, and so do two hypotheses that differ only by them."""
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
     folder = str(folder)
     os.makedirs(folder, exist_ok=True)
-    source, target = _spm(folder, "source", 1), _spm(folder, "target", 2)
+    source, target = _spm(folder, "source", 1, tiny_target), _spm(folder, "target", 2, tiny_target)
     files = {"vocab": os.path.join(folder, "vocab.json")}
     if separate:
         src_vocab, tgt_vocab = _vocab(source), _vocab(target)
@@ -85,6 +99,12 @@ def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: boo
         model.final_logits_bias.normal_(0, 0.5)
         model.final_logits_bias[0, pad] += pad_bias
         model.final_logits_bias[0, 0] += eos_bias
+        if tiny_target:
+            outputs = [model.get_output_embeddings().weight, model.model.decoder.embed_tokens.weight]
+            for first, second in TWINS:
+                model.final_logits_bias[0, second] = model.final_logits_bias[0, first]
+                for weight in outputs:
+                    weight[second] = weight[first]
     if generation is not None:
         values = {k: ([[pad]] if k == "bad_words_ids" else pad) if v == "pad" else v
                   for k, v in generation.items()}
@@ -97,6 +117,16 @@ def write_marian(folder, seed: int = 0, separate: bool = False, bin_weights: boo
         os.remove(os.path.join(folder, "model.safetensors"))
         torch.save(model.state_dict(), os.path.join(folder, "pytorch_model.bin"))
     return folder
+
+
+def twin_pieces(folder) -> dict:
+    """A tiny_target model's pieces of a pair, each -> the first of its pair ({} for a model
+    of the full vocabulary)."""
+    with open(os.path.join(str(folder), "vocab.json"), encoding="utf-8") as f:
+        pieces = {i: piece for piece, i in json.load(f).items()}
+    if len(pieces) > 20:
+        return {}
+    return {pieces[second]: pieces[first] for first, second in TWINS}
 
 
 def run_generate(folder, sources, **kwargs):
