@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 from conftest import ROOT, SHARED_FIXTURES, tiny_checkpoint
+from marian_dirs import twin_pieces
 
 from onmt_lite.checkpoint import load_checkpoint
 from onmt_lite.search.finishing import ReplaceFinished
@@ -35,6 +36,17 @@ SCORE_TOLERANCE = 1e-4  # or float32's rounding of long sums (rel 2e-6, at -107:
 
 with open(REFERENCE, encoding="utf-8") as f:
     REF = json.load(f)
+# (model, case) -> line numbers where CTranslate2 and onmt_lite keep different ones of exactly
+# equal candidates: the tiny vocabulary's twin pieces (equal embeddings and bias) tie, and
+# CTranslate2's TopK orders equal scores by std::partial_sort's heap (src/ops/topk_cpu.cc),
+# torch.topk by its own; the hypotheses are the same but for twins (checked), and what a
+# penalty that counts the tokens chosen makes of them may score otherwise
+TWIN_TIES = {
+    ("tiny_vocabulary", "nothing given: translate_batch's defaults"): {1},
+    ("tiny_vocabulary", "beam 2, translate_batch's defaults"): {1},
+    ("tiny_vocabulary", "beam 4, 4 hypotheses, decoding length 0 to 6"): {1, 2, 7, 11},
+    ("tiny_vocabulary", "beam 8, 2 hypotheses, repetition_penalty 1.2, no_repeat_ngram_size 3, "
+                        "length 3 to 12"): {1, 3, 5, 6, 7, 8, 9, 10}}
 
 
 def options_of(case: dict) -> dict:
@@ -149,6 +161,15 @@ def test_ctranslate2s_defaults_and_limits_on_models_that_misbehave(model, case):
                                                          f"marian_{model}"),
                                    "search": "ctranslate2",
                                    **{OPTIONS[k]: v for k, v in options.items()}})
-    results = translator.translate(REF["edge_cases"]["lines"], batch_size=32)
-    assert_same([_pieces(r) for r in results],
-                REF["edge_cases"]["models"][model][case]["hypotheses"])
+    results = [_pieces(r) for r in translator.translate(REF["edge_cases"]["lines"], batch_size=32)]
+    expected = REF["edge_cases"]["models"][model][case]["hypotheses"]
+    twins = twin_pieces(os.path.join(ROOT, "tests", "reference", f"marian_{model}"))
+    ties = {number for number, (result, theirs) in enumerate(zip(results, expected), 1)
+            if [" ".join(p) for p in result.preds] != [h for h, _ in theirs]}
+    assert ties == TWIN_TIES.get((model, case), set())
+    for number in ties:  # the same hypotheses but for tokens of equal embeddings and bias
+        ours, theirs = results[number - 1].preds, [h.split() for h, _ in expected[number - 1]]
+        assert [[twins.get(t, t) for t in p] for p in ours] == \
+            [[twins.get(t, t) for t in p] for p in theirs], number
+    assert_same([r for i, r in enumerate(results, 1) if i not in ties],
+                [h for i, h in enumerate(expected, 1) if i not in ties])
