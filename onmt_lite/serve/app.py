@@ -180,8 +180,8 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         n_best = model.n_best
         out = [[] for _ in range(n_best)]
         for src, sentence in zip(sources, results):
-            head = src[:len(src) - len(src.lstrip())]  # OpenNMT-py re-attaches the outer spaces
-            tail = src[len(src.rstrip()):] if src.strip() else src[len(head):]
+            # OpenNMT-py puts the outer spaces back (a line of spaces: twice, as it does)
+            head, tail = src[:len(src) - len(src.lstrip())], src[len(src.rstrip()):]
             for rank in range(n_best):
                 entry = {"src": src, "tgt": head + sentence.texts[rank] + tail, "n_best": n_best,
                          "pred_score": sentence.scores[rank]}
