@@ -340,6 +340,32 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0():
         server.stop()
 
 
+def test_a_libretranslate_client_library_works_unchanged():
+    """libretranslatepy, a client written for LibreTranslate's server (form-encoded POSTs, a GET
+    with a body), against this server."""
+    lt = pytest.importorskip("libretranslatepy", reason="needs libretranslatepy (test extra)")
+    server = Server()
+    try:
+        client = lt.LibreTranslateAPI(server.url + "/")
+        translated = client.translate(DEMO[0], "en", "de")
+        assert translated == httpx.post(server.url + "/translate", json={
+            "q": DEMO[0], "source": "en", "target": "de"}).json()["translatedText"]
+        assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]}]
+        assert client.detect("Hello") == [{"confidence": 0, "language": "en"}]
+        keyed = lt.LibreTranslateAPI(server.url, api_key="unused")  # no keys configured
+        assert keyed.translate(DEMO[1], "en", "de")
+    finally:
+        server.stop()
+
+
+def test_openapi_documents_both_apis(client):
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/translate", "/languages", "/detect", "/translator/translate",
+                 "/translator/models", "/translator/clone_model/{model_id}", "/metrics"):
+        assert path in paths
+
+
 @pytest.mark.skipif(not os.path.exists(TEST_SET), reason="needs ../shared (Multi30k test set)")
 def test_1000_sentences_from_32_clients_each_get_their_own_translation():
     """Every answer is checked against translate.py's line for the same sentence; with
