@@ -1,5 +1,9 @@
 """``-search hf`` is Hugging Face ``generate``: the same hypotheses, in the same order, with the
 same scores, on tiny Marian models, for every beam-search setting that changes the result."""
+import hashlib
+import os
+import sys
+
 import pytest
 from marian_dirs import OPUS_GENERATION, SOURCES, run_generate, sentences, write_marian
 
@@ -213,3 +217,44 @@ def test_beam_sampling_is_seeded_and_keeps_one_line_per_input(tmp_path):
     with pytest.raises(ValueError, match="or -search hf: beam sampling"):
         build_translator({"model": folder, "beam_size": 3, "random_sampling_topk": -1})
     assert greedy_beam.opt.beam_size == 3
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference"))
+import hunt_hf  # noqa: E402
+
+# (model, setting's index in hunt_hf.settings, the line's sha1[:12]) where the quick hunt below
+# meets a tie (hunt_hf's docstring): the first hypotheses that differ are twins of the tiny
+# vocabulary, part first at twins, or score the same within 1e-5
+TINY = "tiny vocabulary, exact ties"
+HUNT_TIES = {
+    (TINY, 7, '85d17f657e9f'),
+    (TINY, 6, '3a52ce780950'),
+    (TINY, 6, '6dcd4ce23d88'),
+    (TINY, 6, '85d17f657e9f'),
+    (TINY, 6, '71d6eb35e092'),
+    (TINY, 6, '2d6f7baedd4f'),
+    (TINY, 6, 'e2ed9d6a303e'),
+    (TINY, 6, '24ab47f6db09'),
+    (TINY, 6, '961ef89520fa'),
+    (TINY, 6, 'e49512524f47'),
+}
+
+
+@pytest.mark.parametrize("model", list(hunt_hf.MODELS))
+def test_a_quick_hunt_finds_generates_hypotheses_but_named_ties(model):
+    """tests/reference/hunt_hf.py's first 8 settings (greedy, generate()'s defaults, limits of
+    1 to 30 tokens, each early_stopping, length penalties -1 to 2, beams up to 12, batches of
+    1, 7 and 64) on the edge lines, 6 Multi30k training and 3 test lines (where ../shared has
+    them): every hypothesis the same, but the ties named in HUNT_TIES."""
+    rows = hunt_hf.hunt(8, 6, 3, [model])
+    found = [(name, setting, line, r) for name, setting, lines, _ in rows for line, r in lines]
+    assert [f for f in found if f[3] != "same" and f[3][0] == "differs"] == []
+    index = {name: i for i, (name, *_) in enumerate(hunt_hf.settings(8))}
+    ties = {(name, index[setting], _digest(line)) for name, setting, line, r in found
+            if r != "same"}
+    seen = {_digest(line) for _, _, line, _ in found}
+    assert ties == {t for t in HUNT_TIES if t[0] == model and t[2] in seen}
+
+
+def _digest(line: str) -> str:
+    return hashlib.sha1(line.encode()).hexdigest()[:12]
