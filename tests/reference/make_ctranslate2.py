@@ -289,6 +289,17 @@ def hunt(folder: str, count: int, per_setting: int, test_lines: int, names) -> d
     return out
 
 
+def twin_choice(ours, theirs, twins) -> bool:
+    """The two token lists part at twins that neither's common prefix holds: an exact tie,
+    whatever penalties that count earlier tokens make of what follows."""
+    if not twins:
+        return False
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if i is None or twins.get(ours[i], ours[i]) != twins.get(theirs[i], theirs[i]):
+        return False
+    return not {ours[i], theirs[i]} & set(ours[:i])
+
+
 def classify(ours, theirs, twins=None):
     """'same', ('tie', rank, ours, theirs, detail) or ('differs', rank, detail) for one line's
     hypotheses [(tokens joined, score)]; ``twins``: pieces that tie exactly -> their twin."""
@@ -297,8 +308,10 @@ def classify(ours, theirs, twins=None):
     for rank, ((tokens, score), (their_tokens, their_score)) in enumerate(zip(ours, theirs)):
         if tokens != their_tokens:
             alike = [[(twins or {}).get(t, t) for t in x.split()] for x in (tokens, their_tokens)]
-            if alike[0] == alike[1] or abs(score - their_score) <= TIE:
-                kind = "twins" if alike[0] == alike[1] else "other tokens"
+            first = twin_choice(tokens.split(), their_tokens.split(), twins)
+            if alike[0] == alike[1] or first or abs(score - their_score) <= TIE:
+                kind = "twins" if alike[0] == alike[1] else "a twin first" if first else \
+                    "other tokens"
                 return ("tie", rank, score, their_score, f"{kind}: {tokens} vs {their_tokens}")
             return ("differs", rank, f"{tokens} ({score:.7f}) vs {their_tokens} "
                                      f"({their_score:.7f})")
