@@ -398,19 +398,19 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
     """One lane: a batch of 24 long sentences is decoding when a short sentence arrives; the
     short one starts its own batch at the next step and ends first, with the translation it
     has alone."""
-    translator = build_translator({"model": MODEL, "max_length_ratio": 0, "n_best": 2,
-                                   "keep_attention": False})
-    batcher = Batcher(translator, lanes=1, batch_size=32)
+    options = {"model": MODEL, "max_length_ratio": 0, "n_best": 2, "keep_attention": False}
+    translator = build_translator(options)
+    batcher = Batcher(options, lanes=1, batch_size=32)
     try:
         long_line = " ".join(DEMO)  # several sentences in one line: a long translation
         long = batcher.submit([translator._source_tokens(long_line, 1)] * 24, Settings(2))
-        time.sleep(0.2)
+        time.sleep(0.3)
         assert not any(f.done() for f in long)  # still decoding
         short = batcher.submit([translator._source_tokens(DEMO[0], 1)], Settings(2))
-        result = short[0].result(timeout=60)
+        texts = short[0].result(timeout=60)[0]
         assert not all(f.done() for f in long)
-        assert result.output_lines() == reference[DEMO[0]][0]
+        assert texts == reference[DEMO[0]][0]
         alone = translator.translate([long_line])[0].output_lines()
-        assert all(f.result(timeout=120).output_lines() == alone for f in long)
+        assert all(f.result(timeout=120)[0] == alone for f in long)
     finally:
         batcher.stop()

@@ -98,9 +98,11 @@ class ServedModel:
             try:
                 options = dict(vars(self.options), keep_attention=self.options.replace_unk,
                                inter_threads=1, workers=1)
-                self.translator = build_translator(options)
-                self.batcher = Batcher(self.translator, self.lanes, self.batch_size,
-                                       self.max_queue, self._on_batch, self.batch_wait)
+                translator = build_translator(options)  # here: checked, and the tokenizer
+                translator.model = None  # the lanes decode, each with its own copy
+                self.batcher = Batcher(options, self.lanes, self.batch_size, self.max_queue,
+                                       self._on_batch, self.batch_wait)
+                self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
                 logger.error("%s failed to load: %s", self.spec.describe(), self.error)
@@ -171,8 +173,8 @@ class ServedModel:
         finally:
             self._reset_timer()
         results = [Sentence([""] * n_best, [0.0] * n_best, toks) for toks in tokens]
-        for i, translation in zip(todo, done):
-            results[i] = _sentence(translation, attention)
+        for i, (texts, scores, tgt_tokens, rows) in zip(todo, done):
+            results[i] = Sentence(texts, scores, tokens[i], tgt_tokens, rows)
         if self.metrics is not None:
             self.metrics.sentences(self.id, len(lines))
         return results
@@ -189,18 +191,6 @@ class ServedModel:
         if self.state == "failed":
             entry["error"] = self.error
         return entry
-
-
-def _sentence(translation, attention: bool) -> Sentence:
-    texts = translation.output_lines()
-    sentence = Sentence(texts, [float(s) for s in translation.scores], translation.src)
-    if attention:
-        sentence.tgt_tokens = list(translation.preds[0])
-        attn = translation.attns[0]
-        if attn.size(0) > len(sentence.tgt_tokens):  # the row of </s>
-            sentence.tgt_tokens.append("</s>")
-        sentence.attention = [[round(float(x), 4) for x in row] for row in attn.tolist()]
-    return sentence
 
 
 class Registry:
@@ -263,4 +253,5 @@ class Registry:
 def default_lanes() -> int:
     """One lane per core (batches side by side on one torch thread each, the fastest layout
     measured for translate.py)."""
-    return max(1, torch.get_num_threads())
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else torch.get_num_threads())

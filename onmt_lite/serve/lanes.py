@@ -1,0 +1,156 @@
+"""Lanes: the processes that decode the server's batches, outside its interpreter lock.
+
+Each lane is a process of one torch thread with its own copy of the model (started by spawn, not
+fork: the server has threads by then). It receives batches through a pipe and decodes several
+at once, one decoder step at a time each (the search is a step generator, search/loop.py), so a
+batch that arrives while a long one decodes starts at the next step. It steps the batch that has
+used the least decoding time; a batch that joins a busy lane starts ``head_start`` seconds
+behind the others, so a short request runs first and then shares the lane fairly. The server's
+own process keeps to HTTP and the queue, and its event loop never waits on a decoding thread.
+"""
+import copy
+import dataclasses
+import multiprocessing
+import signal
+import time
+from typing import List, Optional
+
+import torch
+
+from onmt_lite.models.ensemble import EnsembleModel
+from onmt_lite.models.model import inference, replica
+
+
+class LaneError(RuntimeError):
+    """A lane that failed to start, or died."""
+
+
+class Lane:
+    """The server's handle on one lane process: ``send`` batches, ``receive`` their results."""
+
+    def __init__(self, options: dict, head_start: float):
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=lane_main, args=(options, child, head_start),
+                                       daemon=True, name="onmt_lite-lane")
+        self.process.start()
+        child.close()
+        self.active = {}  # batch id -> its jobs (the batches this lane decodes)
+        try:
+            message = self.conn.recv()
+        except EOFError:
+            message = ("failed", f"the lane process exited ({self.process.exitcode})")
+        if message[0] != "ready":
+            self.process.join(5)
+            raise LaneError(message[1])
+
+    def send(self, batch_id: int, tokens: List[List[str]], n_best: int, attention: bool):
+        self.conn.send(("batch", batch_id, tokens, n_best, attention))
+
+    def receive(self):
+        """("done", batch id, results) or ("error", batch id, message); LaneError once the
+        process has ended."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            raise LaneError(f"the lane process ended (exit status {self.process.exitcode})") \
+                from None
+
+    def stop(self) -> None:
+        """Asks the lane to finish its batches and end; waits for it."""
+        try:
+            self.conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+# -- the lane process -------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Batch:
+    id: int
+    steps: object  # the translator's batch_steps generator
+    order: List[int]  # the batch's sentences in decoding order (by length)
+    attention: bool
+    used: float  # decoding seconds, for the lane's fair share
+
+
+def lane_main(options: dict, conn, head_start: float) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
+    torch.set_num_threads(1)
+    from onmt_lite.translate.translator import build_translator  # in the child: after threads
+    try:
+        translator = build_translator(options)
+    except Exception as err:  # noqa: BLE001 - reported to the server, which says why
+        conn.send(("failed", f"{type(err).__name__}: {err}"))
+        return
+    conn.send(("ready",))
+    variants, active, stopping = {}, [], False
+    while True:
+        while not stopping and conn.poll(None if not active else 0):
+            message = conn.recv()
+            if message[0] == "stop":
+                stopping = True
+                break
+            _, batch_id, tokens, n_best, attention = message
+            key = (n_best, attention)
+            if key not in variants:
+                variants[key] = _variant(translator, n_best, attention)
+            least = min((b.used for b in active), default=0.0)
+            active.append(_start(variants[key], batch_id, tokens, attention,
+                                 max(0.0, least - head_start)))
+        if not active:
+            if stopping:
+                return
+            continue
+        batch = min(active, key=lambda b: b.used)
+        start = time.monotonic()
+        try:
+            with inference():
+                next(batch.steps)
+        except StopIteration as end:
+            active.remove(batch)
+            conn.send(("done", batch.id, _results(batch, end.value)))
+        except Exception as err:  # noqa: BLE001 - a batch that fails fails its sentences
+            active.remove(batch)
+            conn.send(("error", batch.id, f"{type(err).__name__}: {err}"))
+        batch.used += time.monotonic() - start
+
+
+def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool,
+           used: float) -> _Batch:
+    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py sorts
+    ordered = [tokens[i] for i in order]
+    twin = copy.copy(translator)  # a decoder state of its own: other batches step in between
+    model = translator.model
+    twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
+    steps = twin.batch_steps(list(range(len(ordered))), ordered, None)
+    return _Batch(batch_id, steps, order, attention, used)
+
+
+def _results(batch: _Batch, translations) -> List[Optional[tuple]]:
+    """Each sentence's (texts, scores, target tokens, attention rows), in the order sent."""
+    results = [None] * len(translations)
+    for i, t in zip(batch.order, translations):
+        tgt, attention = [], None
+        if batch.attention:
+            tgt = list(t.preds[0])
+            if t.attns[0].size(0) > len(tgt):  # the row of </s>
+                tgt.append("</s>")
+            attention = [[round(float(x), 4) for x in row] for row in t.attns[0].tolist()]
+        results[i] = (t.output_lines(), [float(s) for s in t.scores], tgt, attention)
+    return results
+
+
+def _variant(translator, n_best: int, attention: bool):
+    """The translator with a request's own settings (its model shared)."""
+    opt = translator.opt
+    if n_best == opt.n_best and attention == opt.keep_attention:
+        return translator
+    twin = copy.copy(translator)
+    twin.opt = dataclasses.replace(opt, n_best=n_best,
+                                   keep_attention=attention or opt.replace_unk)
+    return twin
