@@ -2,6 +2,7 @@
 import argparse
 import contextlib
 import copy
+import dataclasses
 import itertools
 import logging
 import os
@@ -418,10 +419,17 @@ class Translator:
             for t, i, score in zip(results, indices, gold):
                 t.gold, t.gold_score = tgt_tokens[i], score
         if self.opt.beam_size == 1 or self.opt.beam_engine == "batch":
-            prefixes = None
+            prefixes, opt = None, self.opt
             if self.opt.tgt_file_prefix:
                 prefixes = self._target_ids([tgt_tokens[i] for i in indices])[1]
-            search = build_search(self.preset, self.opt, batch=src.size(0),
+                if self.preset.rule == "slots":
+                    # OpenNMT-py 3.5.1, decode_strategy.py DecodeStrategy.initialize: the limits
+                    # grow by the batch's prefix lengths, max_length by the longest and
+                    # min_length by the shortest ("self.max_length += max(prefix_non_pad) - 1")
+                    words = [len(tgt_tokens[i]) for i in indices]
+                    max_length += max(words)
+                    opt = dataclasses.replace(opt, min_length=opt.min_length + min(words))
+            search = build_search(self.preset, opt, batch=src.size(0),
                                   vocab=self.tgt_vocab, max_length=max_length,
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
