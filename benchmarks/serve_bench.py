@@ -146,6 +146,7 @@ def wait_ready(process, port: int, path: str, timeout: float = 120) -> None:
 def start_onmt_lite(args, port: int):
     cmd = [sys.executable, "-m", "onmt_lite", "serve", "-model", args.model, "-src_lang", "en",
            "-tgt_lang", "de", "-port", str(port), "-beam_size", str(args.beam_size),
+           "-max_queue", "100000",  # 128 clients x 10 sentences is more than the default queue
            *args.serve_options.split()]
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)

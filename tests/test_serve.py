@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from onmt_lite.serve.app import Limits, create_app  # noqa: E402
-from onmt_lite.serve.batcher import Batcher, Settings  # noqa: E402
+from onmt_lite.serve.batcher import Batcher, Scheduling, Settings  # noqa: E402
 from onmt_lite.serve.config import ConfError, ModelSpec, read_conf  # noqa: E402
 from onmt_lite.serve.models import Registry  # noqa: E402
 from onmt_lite.translate.translator import build_translator  # noqa: E402
@@ -30,8 +30,9 @@ DEMO = [line for line in open(os.path.join(ROOT, "data", "demo.en"), encoding="u
 TEST_SET = os.path.join(ROOT, "..", "shared", "data", "multi30k", "test_2016_flickr.en")
 
 
-def app_for(specs, limits=Limits(), keys=None, lanes=2, **registry):
-    return TestClient(create_app(Registry(specs, lanes, **registry), limits, keys))
+def app_for(specs, limits=Limits(), keys=None, lanes=2, **scheduling):
+    return TestClient(create_app(Registry(specs, Scheduling(lanes=lanes, **scheduling)), limits,
+                                 keys))
 
 
 @pytest.fixture(scope="module")
@@ -400,7 +401,7 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
     has alone."""
     options = {"model": MODEL, "max_length_ratio": 0, "n_best": 2, "keep_attention": False}
     translator = build_translator(options)
-    batcher = Batcher(options, lanes=1, batch_size=32)
+    batcher = Batcher(options, Scheduling(lanes=1))
     try:
         long_line = " ".join(DEMO)  # several sentences in one line: a long translation
         long = batcher.submit([translator._source_tokens(long_line, 1)] * 24, Settings(2))

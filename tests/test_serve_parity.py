@@ -9,6 +9,7 @@ pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi
 from fastapi.testclient import TestClient  # noqa: E402
 
 from onmt_lite.serve.app import create_app  # noqa: E402
+from onmt_lite.serve.batcher import Scheduling  # noqa: E402
 from onmt_lite.serve.config import read_conf  # noqa: E402
 from onmt_lite.serve.models import Registry  # noqa: E402
 
@@ -24,7 +25,7 @@ def test_the_onmt_py_api_answers_as_opennmt_pys_server(tmp_path):
     conf = tmp_path / "conf.json"
     conf.write_text(json.dumps({"models_root": os.path.abspath(FIXTURES),
                                 "models": reference["conf_models"]}))
-    with TestClient(create_app(Registry(read_conf(str(conf)), lanes=1))) as client:
+    with TestClient(create_app(Registry(read_conf(str(conf)), Scheduling(lanes=1)))) as client:
         for case in reference["cases"]:
             body = [{"src": s, "id": case["id"]} for s in case["inputs"]]
             ours = client.post("/translator/translate", json=body).json()

@@ -32,8 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
              "per core)")
     add(g, "batch_size", type=integer(1), default=32, help="sentences per batch at most")
     add(g, "batch_wait", type=number(0), default=0.01,
-        help="seconds a free lane waits for more sentences while another lane decodes (with "
-             "every lane free, none)")
+        help="seconds sentences wait for a fuller batch under load (with every lane free and "
+             "no request on its way, none)")
+    add(g, "max_batches", type=integer(1), default=4,
+        help="batches a lane decodes at once, one decoder step at a time each (1: a batch "
+             "that starts waits for the lane's batch to end)")
+    add(g, "head_start", type=number(0), default=0.5,
+        help="seconds a batch that joins a busy lane decodes before it shares the lane")
     add(g, "max_queue", type=integer(1), default=1024,
         help="sentences waiting per model; beyond, 503 with Retry-After")
     add(g, "max_request_bytes", type=integer(0), default=1 << 20,
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
         import uvicorn  # noqa: F401 - the serve extra
 
         from onmt_lite.serve.app import Limits, create_app
+        from onmt_lite.serve.batcher import Scheduling
         from onmt_lite.serve.models import Registry, default_lanes
     except ImportError as err:
         print(f"onmt_lite serve: error: {err.name} is missing: pip install 'onmt_lite[serve]'",
@@ -103,7 +109,9 @@ def main(argv=None) -> int:
             if not keys:
                 raise OptionError(f"{args.api_keys}: holds no key")
         lanes = args.lanes or default_lanes()
-        registry = Registry(specs, lanes, args.max_queue, args.batch_size, args.batch_wait)
+        registry = Registry(specs, Scheduling(lanes, args.batch_size, args.max_queue,
+                                              args.batch_wait, args.max_batches,
+                                              args.head_start))
     except OptionError as err:
         print(f"onmt_lite serve: error: {err}", file=sys.stderr)
         return 2

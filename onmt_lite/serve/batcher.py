@@ -3,8 +3,9 @@
 Every request's sentences join one queue per model. A lane takes the oldest waiting sentence and
 every other waiting sentence that decodes with the same settings, up to ``batch_size``, as one
 batch. When every lane is free a sentence never waits: one client alone gets its sentence at
-once. Under load a free lane waits up to ``batch_wait`` for a fuller batch (the answers of one
-batch bring the next requests a moment later), and a busy lane takes sentences only when no lane
+once. Under load a free lane waits up to ``batch_wait`` for a fuller batch (while other lanes
+decode, or while the clients of the answers just sent may be sending their next requests), and
+a busy lane takes sentences only when no lane
 is free and they have waited ``batch_wait``: they start their own batch at its next decoder step
 rather than waiting for its batches to end (at most ``max_batches`` a lane).
 
@@ -55,34 +56,49 @@ class Job:
     queued: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """How a model's sentences are batched and decoded (the serve options of the same names).
+
+    Attributes:
+        lanes: lane processes (batches decoded at the same time, one torch thread each).
+        batch_size: sentences per batch at most; max_queue: sentences waiting at most.
+        batch_wait: seconds sentences wait for a fuller batch under load (see above).
+        max_batches: batches a lane decodes at once, step by step.
+        head_start: seconds of decoding a batch that joins a busy lane may use before it shares
+            the lane with the batches that were there.
+    """
+    lanes: int = 1
+    batch_size: int = 32
+    max_queue: int = 1024
+    batch_wait: float = 0.01
+    max_batches: int = 4
+    head_start: float = 0.5
+
+
 class Batcher:
     """A queue of sentences and the lanes that decode them for one model.
 
     Args:
         options: build_translator's options; each lane process builds its translator from them.
-        lanes: lane processes (batches decoded at the same time, one torch thread each).
-        batch_size: sentences per batch at most; max_queue: sentences waiting at most.
         on_batch: called with each batch's size and the seconds its sentences waited.
-        batch_wait: seconds sentences wait for a fuller batch under load (see above).
-        max_batches: batches a lane decodes at once, step by step.
-        head_start: seconds of decoding a batch that joins a busy lane may use before it shares
-            the lane with the batches that were there.
-    Raises LaneError when no lane starts.
+    Raises LaneError when a lane does not start.
     """
 
-    def __init__(self, options: dict, lanes: int = 1, batch_size: int = 32,
-                 max_queue: int = 1024,
-                 on_batch: Optional[Callable[[int, List[float]], None]] = None,
-                 batch_wait: float = 0.01, max_batches: int = 4, head_start: float = 0.5):
-        self.batch_size, self.max_queue, self.on_batch = batch_size, max_queue, on_batch
-        self.batch_wait, self.max_batches = batch_wait, max_batches
+    def __init__(self, options: dict, scheduling: Scheduling = Scheduling(),
+                 on_batch: Optional[Callable[[int, List[float]], None]] = None):
+        self.batch_size, self.max_queue = scheduling.batch_size, scheduling.max_queue
+        self.batch_wait, self.max_batches = scheduling.batch_wait, scheduling.max_batches
+        self.on_batch = on_batch
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()
         self.stopping = False
         self.running = 0  # sentences being decoded
+        # (time, sentences) of recent answers: their clients' next requests are on their way
+        self.answered: Deque[tuple] = collections.deque(maxlen=64)
         self.rate = 0.0  # sentences per second, a moving average (for Retry-After)
         self.ids = itertools.count()
-        self.lanes = [Lane(options, head_start) for _ in range(lanes)]
+        self.lanes = [Lane(options, scheduling.head_start) for _ in range(scheduling.lanes)]
         self.threads = []
         for lane in self.lanes:
             for target in (self._feed, self._collect):
@@ -144,11 +160,15 @@ class Batcher:
         if self.stopping or len(self.pending) >= self.batch_size:
             return 0 if len(lane.active) < self.max_batches else None
         waited = now - self.pending[0].queued
-        if not lane.active:  # free: at once, unless other lanes decode (then a fuller batch)
+        if not lane.active:  # free: at once, unless more sentences are on their way
             busy = any(other.active for other in self.lanes if other is not lane)
-            return 0 if not busy or waited >= self.batch_wait else self.batch_wait - waited
+            expected = self.batch_size if busy else sum(
+                count for done, count in self.answered if now - done < self.batch_wait)
+            enough = len(self.pending) >= min(self.batch_size, max(1, expected))
+            return 0 if enough or waited >= self.batch_wait else self.batch_wait - waited
         free = any(not other.active for other in self.lanes)
-        if free or len(lane.active) >= self.max_batches:
+        joined = any(entry[2] for entry in lane.active.values())  # one small batch joins
+        if free or joined or len(lane.active) >= self.max_batches:  # a busy lane at a time
             return None
         return 0 if waited >= self.batch_wait else self.batch_wait - waited
 
@@ -187,8 +207,9 @@ class Batcher:
             if not batch:
                 return
             batch_id = next(self.ids)
-            with self.changed:
-                lane.active[batch_id] = (batch, time.monotonic())
+            with self.changed:  # (its jobs, when it started, whether it joined a busy lane)
+                joined = bool(lane.active) and len(batch) < self.batch_size
+                lane.active[batch_id] = (batch, time.monotonic(), joined)
             settings = batch[0].settings
             try:
                 lane.send(batch_id, [job.tokens for job in batch], settings.n_best,
@@ -207,10 +228,11 @@ class Batcher:
                 return
             kind, batch_id, payload = message
             with self.changed:
-                batch, started = lane.active.pop(batch_id)
+                batch, started, _ = lane.active.pop(batch_id)
                 self.running -= len(batch)
                 rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
                 self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
+                self.answered.append((time.monotonic(), len(batch)))
                 self.changed.notify_all()
             for i, job in enumerate(batch):
                 if kind == "done":
@@ -227,13 +249,13 @@ class Batcher:
                 self.lanes.remove(lane)
             lost = list(lane.active.values())
             lane.active.clear()
-            for batch, _ in lost:
+            for batch, *_ in lost:
                 self.running -= len(batch)
             if not self.stopping:
                 logger.error("%s", err)
                 if not self.lanes:
                     self._fail_pending(Stopped(str(err)))
             self.changed.notify_all()
-        for batch, _ in lost:
+        for batch, *_ in lost:
             for job in batch:
                 job.future.set_exception(Stopped(str(err)))

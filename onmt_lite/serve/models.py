@@ -2,6 +2,7 @@
 Batcher, unloads after its idle timeout, and can be cloned with other options."""
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -13,7 +14,7 @@ import torch
 
 from onmt_lite.cli.options import config_value
 from onmt_lite.cli.translate import build_parser
-from onmt_lite.serve.batcher import Batcher, Settings, Stopped
+from onmt_lite.serve.batcher import Batcher, Scheduling, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.metrics import Metrics
 from onmt_lite.translate.translator import build_translator
@@ -63,12 +64,13 @@ def translate_options(spec: ModelSpec) -> argparse.Namespace:
 class ServedModel:
     """One model of the server. ``state``: unloaded, loading, ready or failed (``error``)."""
 
-    def __init__(self, spec: ModelSpec, lanes: int = 1, batch_size: int = 32,
-                 max_queue: int = 1024, metrics=None, batch_wait: float = 0.0):
-        self.spec, self.lanes, self.max_queue, self.metrics = spec, lanes, max_queue, metrics
-        self.batch_wait = batch_wait
+    def __init__(self, spec: ModelSpec, scheduling: Scheduling = Scheduling(), metrics=None):
+        self.spec, self.metrics = spec, metrics
         self.options = translate_options(spec)  # refused here, at start-up, not at a request
-        self.batch_size = int(spec.opt.get("batch_size", batch_size))
+        batch_size = spec.opt.get("batch_size", scheduling.batch_size)  # OpenNMT-py's opt
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfError(f"{spec.describe()}: batch_size must be a positive integer")
+        self.scheduling = dataclasses.replace(scheduling, batch_size=batch_size)
         self.report_align = bool(spec.opt.get("report_align", False))
         self.state, self.error, self.load_time = "unloaded", "", 0.0
         self.batcher: Optional[Batcher] = None
@@ -100,8 +102,7 @@ class ServedModel:
                                inter_threads=1, workers=1)
                 translator = build_translator(options)  # here: checked, and the tokenizer
                 translator.model = None  # the lanes decode, each with its own copy
-                self.batcher = Batcher(options, self.lanes, self.batch_size, self.max_queue,
-                                       self._on_batch, self.batch_wait)
+                self.batcher = Batcher(options, self.scheduling, self._on_batch)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
@@ -196,18 +197,15 @@ class ServedModel:
 class Registry:
     """The server's models by id."""
 
-    def __init__(self, specs: List[ModelSpec], lanes: int = 1, max_queue: int = 1024,
-                 batch_size: int = 32, batch_wait: float = 0.0):
-        self.lanes, self.max_queue, self.batch_size = lanes, max_queue, batch_size
-        self.batch_wait = batch_wait
+    def __init__(self, specs: List[ModelSpec], scheduling: Scheduling = Scheduling()):
+        self.scheduling = scheduling
         self.metrics = Metrics(self.queued)
         self.models: Dict[int, ServedModel] = {}
         for spec in specs:
             self.models[spec.id] = self._served(spec)
 
     def _served(self, spec: ModelSpec) -> ServedModel:
-        return ServedModel(spec, self.lanes, self.batch_size, self.max_queue, self.metrics,
-                           self.batch_wait)
+        return ServedModel(spec, self.scheduling, self.metrics)
 
     def queued(self) -> int:
         return sum(model.queued() for model in self.models.values())
