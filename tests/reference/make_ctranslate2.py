@@ -23,7 +23,10 @@ The model is converted with CTranslate2's own OpenNMT-py converter (the checkpoi
 argparse.Namespace allowed, its "scaled-dot-flash" attention named "scaled-dot", the only name
 the converter accepts: the same attention). Each case translates the first LINES lines of the
 lowercased, tokenized test_2016_flickr source with translate_batch and records every returned
-hypothesis (tokens, without </s>) and its score.
+hypothesis (tokens, without </s>) and its score; LINE_CASES translate a few chosen test lines,
+each with its prefix or none, in batches of their own size.
+
+``--full --only TEXT ...`` hunts only the settings whose name holds one of the strings.
 """
 import argparse
 import json
@@ -72,6 +75,28 @@ PREFIX_CASES = {
     "beam 4, target prefix, length_penalty 0, 4 hypotheses": dict(
         beam_size=4, length_penalty=0.0, num_hypotheses=4),
     "greedy, target prefix": dict(beam_size=1),
+}
+# cases on a few test lines of their own: (line number, with its prefix), in batches of
+# max_batch_size: a batch whose lines have no prefix decodes as one without target_prefix (no
+# </s> penalised at the first step), a line without one in a batch with prefixes does not;
+# greedy search has no patience; length_penalty 0 ends on the top beam, whatever the patience
+LINE_CASES = {
+    "beam 6, length_penalty 0, 2 hypotheses, decoding length 0 to 40, batch 1": dict(
+        lines=[(57, False), (83, False), (114, False), (214, False), (327, False),
+               (371, False), (0, True), (2, True)],
+        options=dict(beam_size=6, num_hypotheses=2, length_penalty=0.0, min_decoding_length=0,
+                     max_decoding_length=40), batch=1),
+    "beam 6, length_penalty 0, 2 hypotheses, decoding length 0 to 40, one batch": dict(
+        lines=[(57, False), (83, False), (114, False), (214, False), (327, False),
+               (371, False), (0, True), (2, True)],
+        options=dict(beam_size=6, num_hypotheses=2, length_penalty=0.0, min_decoding_length=0,
+                     max_decoding_length=40), batch=8),
+    "greedy, length_penalty 2, patience 1.5, decoding length 8 to 40, repetition_penalty 1.2, "
+    "no_repeat_ngram_size 2": dict(
+        lines=[(19, False), (80, True), (83, True), (132, True), (0, True), (1, False)],
+        options=dict(beam_size=1, length_penalty=2.0, patience=1.5, min_decoding_length=8,
+                     max_decoding_length=40, repetition_penalty=1.2, no_repeat_ngram_size=2),
+        batch=32),
 }
 # models that misbehave, written beside marian_tiny: one never ends by itself (every hypothesis
 # meets the limit), one likes </s> at once; translate_batch's own defaults among the cases
@@ -129,6 +154,25 @@ def run(translator, sources, cases, **extra):
         out[name] = {"options": options, "hypotheses": [
             [[" ".join(h), round(s, 6)] for h, s in zip(r.hypotheses, r.scores)]
             for r in results]}
+    return out
+
+
+def line_cases(translator):
+    with open(SOURCE, encoding="utf-8") as f:
+        source = f.read().split("\n")
+    with open(TARGET, encoding="utf-8") as f:
+        target = f.read().split("\n")
+    out = {}
+    for name, case in LINE_CASES.items():
+        lines = [source[i] for i, _ in case["lines"]]
+        prefixes = [target[i].split()[:2] if with_prefix else [] for i, with_prefix in case["lines"]]
+        results = translator.translate_batch([line.split() for line in lines], prefixes,
+                                             max_batch_size=case["batch"], return_scores=True,
+                                             **case["options"])
+        out[name] = {"options": case["options"], "batch": case["batch"], "lines": lines,
+                     "prefixes": prefixes, "hypotheses": [
+                         [[" ".join(h), round(s, 6)] for h, s in zip(r.hypotheses, r.scores)]
+                         for r in results]}
     return out
 
 
@@ -250,8 +294,9 @@ def hunt_lines(raw: bool, count: int, per_setting: int, test_lines: int, seed: i
     return out
 
 
-def hunt(folder: str, count: int, per_setting: int, test_lines: int, names) -> dict:
-    """CTranslate2's side of the hunt: every model x ``count`` settings."""
+def hunt(folder: str, count: int, per_setting: int, test_lines: int, names, only=None) -> dict:
+    """CTranslate2's side of the hunt: every model x ``count`` settings (``only``: those whose
+    name holds one of these strings)."""
     sys.path.insert(0, os.path.join(HERE, ".."))
     from marian_dirs import twin_pieces, write_marian
     from transformers import MarianTokenizer
@@ -275,6 +320,8 @@ def hunt(folder: str, count: int, per_setting: int, test_lines: int, names) -> d
         lines = hunt_lines(marian, count, per_setting, test_lines)
         for (setting, options, batch, with_prefix), (src, tgt) in zip(
                 hunt_settings(count, not marian), lines):
+            if only and not any(o in setting for o in only):
+                continue
             prefixes = [t.split()[:2] if i % 3 != 1 else [] for i, t in enumerate(tgt)] \
                 if with_prefix else None
             results = translator.translate_batch([encode(line) for line in src], prefixes,
@@ -370,7 +417,7 @@ def full(args) -> int:
     """CTranslate2 here, then onmt_lite in its own Python (ONMT_PYTHON, default python3)."""
     with tempfile.TemporaryDirectory() as folder:
         hunted = hunt(folder, args.settings, args.lines, args.test_lines,
-                      args.models or list(HUNT_MODELS))
+                      args.models or list(HUNT_MODELS), args.only)
         path = os.path.join(folder, "ctranslate2.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(hunted, f, ensure_ascii=False)
@@ -395,6 +442,7 @@ def main() -> None:
         out["cases"] = run(translator, lines, CASES)
         out["prefix_cases"] = run(translator, lines, PREFIX_CASES,
                                   target_prefix=out["prefixes"])
+        out["line_cases"] = line_cases(translator)
     with tempfile.TemporaryDirectory() as folder:
         out["marian_lines"], out["marian_cases"] = marian_cases(folder)
     with tempfile.TemporaryDirectory() as folder:
@@ -413,6 +461,9 @@ if __name__ == "__main__":
     parser.add_argument("--lines", type=int, default=120, help="training lines per setting")
     parser.add_argument("--test-lines", type=int, default=40, help="test lines per setting")
     parser.add_argument("--models", nargs="*", choices=list(HUNT_MODELS), help="default: all")
+    parser.add_argument("--only", nargs="*", metavar="TEXT",
+                        help="--full: only the settings whose name holds one of these strings "
+                             "(the table's setting column)")
     parser.add_argument("--compare", help=argparse.SUPPRESS)  # the hunt's onmt_lite half
     arguments = parser.parse_args()
     if arguments.compare:
