@@ -231,9 +231,9 @@ class ReplaceFinished:
     """CTranslate2's beam search (4.x ``BeamSearch``): ranks by summed log-probability and takes
     2k candidates; each of the first k that ends in ``</s>`` is recorded (raw score) and its
     slot goes to the next candidate beyond the first k that did not end. A sentence is done at
-    ``max_length``, or when round(k * patience) hypotheses are recorded; with alpha 0, as soon as
-    its best candidate has ended once and ``n_best`` are recorded. Recorded scores are then
-    divided by length ** alpha (``</s>`` counted) and the best ``n_best`` kept.
+    ``max_length``, or when round(k * patience) hypotheses are recorded; with alpha 0 instead,
+    as soon as its best candidate has ended once and ``n_best`` are recorded. Recorded scores
+    are then divided by length ** alpha (``</s>`` counted) and the best ``n_best`` kept.
 
     With target prefixes (CTranslate2's ``target_prefix``), every candidate of a sentence takes
     the prefix's next token while it lasts, from the first hypothesis: that one with score 0, the
@@ -307,8 +307,11 @@ class ReplaceFinished:
                     if spare < width:
                         going[i][j], spare = spare, spare + 1
                 count = len(self.recorded[i])
-                if last or count >= self.max_candidates or (
-                        self.alpha == 0 and self.top_ended[i] and count >= self.n_best):
+                # CTranslate2 4.x, src/decoding.cc BeamSearch::search: with length_penalty 0
+                # ("allow_early_exit") a sentence ends only when its top beam has finished and
+                # num_hypotheses are recorded; patience (_max_candidates) plays no part
+                if last or (self.top_ended[i] and count >= self.n_best if self.alpha == 0
+                            else count >= self.max_candidates):
                     done[i] = self._best(self.recorded[i])
             going_on = torch.tensor(going, device=values.device)
         self.running = values.gather(1, going_on)
