@@ -162,7 +162,15 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         rule = FirstFinished(eos, max_length, opt.n_best, opt.alpha)
         selection = TopK(width_factor=rule.width_factor, exact=True)
     elif preset.rule == "replace":
-        rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha, opt.patience, prefixes)
+        if prefixes is not None and bool(prefixes[:, 0].eq(eos).all()):
+            # CTranslate2 4.x, src/decoding.cc split_start_tokens: a batch whose lines have no
+            # target prefix decodes as one without ("if (only_start_token) prefix_ids.clear()"):
+            # no </s> penalised at the first step
+            prefixes = None
+        # greedy: src/decoding.cc make_search_strategy takes GreedySearch for beam_size 1, which has no
+        # patience: a sentence ends at its first </s> (GreedySearch::search, "is_finished")
+        rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha,
+                               1.0 if greedy else opt.patience, prefixes)
         # greedy: CTranslate2's GreedySearch takes TopK(1), a std::partial_sort over the
         # vocabulary (src/ops/topk_cpu.cc) that keeps the first of equal maxima
         selection = TopK(width_factor=rule.width_factor, exact=True, lowest_first=greedy)
