@@ -88,6 +88,21 @@ def test_target_prefixes_are_ctranslate2s(case, lines):
                 REF["prefix_cases"][case]["hypotheses"])
 
 
+@needs_shared
+@pytest.mark.parametrize("case", list(REF["line_cases"]))
+def test_batches_without_prefixes_greedy_patience_and_early_exit_are_ctranslate2s(case):
+    """A few lines each with its prefix or none, in batches of translate_batch's
+    max_batch_size (one batch, or one line each): a batch whose lines have no prefix decodes as
+    one without target_prefix, a line without one beside lines with prefixes does not; greedy
+    search ends at the first </s> whatever -patience; with length_penalty 0 a sentence ends
+    when its top beam has ended and -n_best are recorded, not after beam * patience."""
+    ref = REF["line_cases"][case]
+    translator = build_translator({"model": MODEL, "search": "ctranslate2",
+                                   "tgt_file_prefix": True, **options_of(ref)})
+    assert_same(translator.translate(ref["lines"], [" ".join(p) for p in ref["prefixes"]],
+                                     batch_size=ref["batch"]), ref["hypotheses"])
+
+
 @pytest.mark.parametrize("case", list(REF["marian_cases"]))
 def test_a_marian_model_decodes_as_ctranslate2_converts_it(case):
     """CTranslate2's converter drops <pad> from the vocabulary and no generation setting
