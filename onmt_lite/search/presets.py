@@ -167,8 +167,8 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
             # target prefix decodes as one without ("if (only_start_token) prefix_ids.clear()"):
             # no </s> penalised at the first step
             prefixes = None
-        # greedy: src/decoding.cc make_search_strategy takes GreedySearch for beam_size 1, which has no
-        # patience: a sentence ends at its first </s> (GreedySearch::search, "is_finished")
+        # greedy: src/decoding.cc make_search_strategy takes GreedySearch for beam_size 1, which
+        # has no patience: a sentence ends at its first </s> (GreedySearch::search, is_finished)
         rule = ReplaceFinished(eos, max_length, opt.n_best, opt.alpha,
                                1.0 if greedy else opt.patience, prefixes)
         # greedy: CTranslate2's GreedySearch takes TopK(1), a std::partial_sort over the
