@@ -170,8 +170,11 @@ def start_onmt_py(args, port: int, work: str):
 
 
 def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid`` and its children (the server and its lanes)."""
     with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+        total = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return total + sum(rss_mib(int(child)) for child in f.read().split())
 
 
 def command_line_rate(args, lines, work: str) -> float:
