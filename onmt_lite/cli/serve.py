@@ -16,7 +16,9 @@ from onmt_lite.errors import OptionError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="onmt_lite serve", description=__doc__)
+    parser = Parser(prog="onmt_lite serve", description=__doc__.split("\n\n")[0] + " With "
+                    "-model, every other translate.py decoding option (-beam_size, -n_best, "
+                    "-search, ...) becomes the model's default.")
     g = parser.add_argument_group("Models (one of)")
     add(g, "model", help="one checkpoint (onmt_lite or OpenNMT-py) or Marian folder")
     add(g, "config", help="OpenNMT-py server conf.json: models_root, models [{id, model, opt, "
