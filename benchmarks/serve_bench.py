@@ -173,8 +173,11 @@ def rss_mib(pid: int) -> float:
     """The resident memory of process ``pid`` and its children (the server and its lanes)."""
     with open(f"/proc/{pid}/status") as f:
         total = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return total + sum(rss_mib(int(child)) for child in f.read().split())
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to the thread that made it
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += f.read().split()
+    return total + sum(rss_mib(int(child)) for child in children)
 
 
 def command_line_rate(args, lines, work: str) -> float:
