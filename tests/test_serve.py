@@ -415,3 +415,23 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
         assert all(f.result(timeout=120)[0] == alone for f in long)
     finally:
         batcher.stop()
+
+
+def test_report_align_gives_each_hypothesis_the_attentions_alignment():
+    spec = ModelSpec(0, MODEL, {"report_align": True, "n_best": 2}, "en", "de",
+                     user_opt={"report_align": True, "n_best": 2})
+    with app_for([spec], lanes=1) as c:
+        out = c.post("/translator/translate", json=[{"src": DEMO[0], "id": 0},
+                                                    {"src": "", "id": 0}]).json()
+        inspected = c.post("/inspect", json={"q": DEMO[0], "source": "en", "target": "de",
+                                             "n_best": 2}).json()["sentences"][0]
+    rows = [r for r, token in zip(inspected["attention"], inspected["target_tokens"])
+            if token != "</s>"]
+    best = " ".join(f"{max(range(len(r)), key=r.__getitem__)}-{t}" for t, r in enumerate(rows))
+    assert out[0][0]["align"] == best
+    assert out[0][0]["align_score"] == [max(r) for r in rows]
+    for rank in out:
+        pairs = rank[0]["align"].split()
+        assert [int(p.split("-")[1]) for p in pairs] == list(range(len(pairs)))
+        assert all(int(p.split("-")[0]) < len(inspected["source_tokens"]) for p in pairs)
+        assert (rank[1]["align"], rank[1]["align_score"]) == ("", [])

@@ -176,7 +176,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         model = onmt_model(inputs[0].get("id", 0))
         sources = [item["src"] for item in inputs]
         check_texts(sources, "src")
-        results = await translate(model, sources)
+        results = await translate(model, sources, attention=model.report_align)
         n_best = model.n_best
         out = [[] for _ in range(n_best)]
         for src, sentence in zip(sources, results):
@@ -185,6 +185,8 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             for rank in range(n_best):
                 entry = {"src": src, "tgt": head + sentence.texts[rank] + tail, "n_best": n_best,
                          "pred_score": sentence.scores[rank]}
+                if model.report_align:  # opt report_align: from the model's attention
+                    entry["align"], entry["align_score"] = sentence.alignments[rank]
                 out[rank].append(entry)
         return out
 

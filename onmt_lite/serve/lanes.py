@@ -132,17 +132,31 @@ def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool,
 
 
 def _results(batch: _Batch, translations) -> List[Optional[tuple]]:
-    """Each sentence's (texts, scores, target tokens, attention rows), in the order sent."""
+    """Each sentence's (texts, scores, best hypothesis' target tokens, its attention rows,
+    each hypothesis' alignment), in the order sent; the last three only with attention."""
     results = [None] * len(translations)
     for i, t in zip(batch.order, translations):
-        tgt, attention = [], None
+        tgt, attention, alignments = [], None, None
         if batch.attention:
             tgt = list(t.preds[0])
             if t.attns[0].size(0) > len(tgt):  # the row of </s>
                 tgt.append("</s>")
             attention = [[round(float(x), 4) for x in row] for row in t.attns[0].tolist()]
-        results[i] = (t.output_lines(), [float(s) for s in t.scores], tgt, attention)
+            alignments = [alignment(attn, len(pred)) for pred, attn in zip(t.preds, t.attns)]
+        results[i] = (t.output_lines(), [float(s) for s in t.scores], tgt, attention,
+                      alignments)
     return results
+
+
+def alignment(attn: torch.Tensor, length: int) -> tuple:
+    """("s-t s-t ...", [weights]): for each of the ``length`` target tokens, the source token it
+    attends to most (Pharaoh pairs, source index first, as OpenNMT-py writes them) and that
+    attention weight."""
+    if length == 0 or attn.numel() == 0:
+        return "", []
+    weights, sources = attn[:length].max(dim=1)
+    pairs = " ".join(f"{s}-{t}" for t, s in enumerate(sources.tolist()))
+    return pairs, [round(float(w), 4) for w in weights.tolist()]
 
 
 def _variant(translator, n_best: int, attention: bool):

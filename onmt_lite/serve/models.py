@@ -21,8 +21,10 @@ from onmt_lite.translate.translator import build_translator
 
 logger = logging.getLogger("onmt_lite")
 
-# OpenNMT-py server options that have no translate.py flag here: accepted and read by the server
-SERVER_OPTIONS = {"report_align": False, "batch_size": 32, "verbose": False, "gpu": -1}
+# OpenNMT-py server options without a translate.py flag here, read by the server itself
+# (report_align: each answer's alignment; batch_size: sentences per batch) or without effect on a
+# CPU server that logs anyway (verbose, gpu)
+SERVER_OPTIONS = frozenset({"report_align", "batch_size", "verbose", "gpu"})
 
 
 class ModelUnavailable(Exception):
@@ -31,13 +33,15 @@ class ModelUnavailable(Exception):
 
 @dataclass
 class Sentence:
-    """A translated sentence: its n-best texts and scores, best first; its source tokens and
-    the best hypothesis' tokens and attention when asked for."""
+    """A translated sentence: its n-best texts and scores, best first; when asked for, its
+    source tokens, the best hypothesis' tokens and attention, and each hypothesis' alignment
+    (Pharaoh pairs and their attention weights, see lanes.alignment)."""
     texts: List[str]
     scores: List[float]
     src_tokens: List[str] = field(default_factory=list)
     tgt_tokens: List[str] = field(default_factory=list)
     attention: Optional[List[List[float]]] = None
+    alignments: Optional[List[tuple]] = None
 
 
 def translate_options(spec: ModelSpec) -> argparse.Namespace:
@@ -173,9 +177,11 @@ class ServedModel:
             raise
         finally:
             self._reset_timer()
-        results = [Sentence([""] * n_best, [0.0] * n_best, toks) for toks in tokens]
-        for i, (texts, scores, tgt_tokens, rows) in zip(todo, done):
-            results[i] = Sentence(texts, scores, tokens[i], tgt_tokens, rows)
+        empty = [("", [])] * n_best if attention else None
+        results = [Sentence([""] * n_best, [0.0] * n_best, toks, alignments=empty)
+                   for toks in tokens]
+        for i, (texts, scores, tgt_tokens, rows, alignments) in zip(todo, done):
+            results[i] = Sentence(texts, scores, tokens[i], tgt_tokens, rows, alignments)
         if self.metrics is not None:
             self.metrics.sentences(self.id, len(lines))
         return results
