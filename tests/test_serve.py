@@ -404,10 +404,10 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
     batcher = Batcher(options, Scheduling(lanes=1))
     try:
         long_line = " ".join(DEMO)  # several sentences in one line: a long translation
-        long = batcher.submit([translator._source_tokens(long_line, 1)] * 24, Settings(2))
+        long = batcher.submit([translator.source_tokens(long_line, 1)] * 24, Settings(2))
         time.sleep(0.3)
         assert not any(f.done() for f in long)  # still decoding
-        short = batcher.submit([translator._source_tokens(DEMO[0], 1)], Settings(2))
+        short = batcher.submit([translator.source_tokens(DEMO[0], 1)], Settings(2))
         texts = short[0].result(timeout=60)[0]
         assert not all(f.done() for f in long)
         assert texts == reference[DEMO[0]][0]
@@ -435,3 +435,21 @@ def test_report_align_gives_each_hypothesis_the_attentions_alignment():
         assert [int(p.split("-")[1]) for p in pairs] == list(range(len(pairs)))
         assert all(int(p.split("-")[0]) < len(inspected["source_tokens"]) for p in pairs)
         assert (rank[1]["align"], rank[1]["align_score"]) == ("", [])
+
+
+def test_serve_takes_translate_options_given_even_at_their_default(tmp_path):
+    """-beam_size 5 is translate.py's default, yet given: it stays the model's option (a Marian
+    model's generation settings apply only to options not given)."""
+    from onmt_lite.cli.serve import _specs, build_parser
+    from onmt_lite.errors import OptionError
+    args, rest = build_parser().parse_known_args(["-model", MODEL, "-beam_size", "5",
+                                                  "-n_best", "2", "-port", "5001"])
+    (spec,) = _specs(args, rest)
+    assert spec.opt == {"beam_size": 5, "n_best": 2} and spec.src_lang is None
+    args, rest = build_parser().parse_known_args(["-model", MODEL, "-output", "x.txt"])
+    with pytest.raises(OptionError, match="opt 'output' cannot be set"):
+        _specs(args, rest)
+    args, rest = build_parser().parse_known_args(["-model", MODEL, "-beam_size", "0"])
+    with pytest.raises(SystemExit) as stop:
+        _specs(args, rest)
+    assert stop.value.code == 2

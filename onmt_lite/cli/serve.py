@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 
-from onmt_lite.cli.options import Parser, add, integer, number
+from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.errors import OptionError
 
 
@@ -69,14 +69,10 @@ def _specs(args, rest):
     if not args.model:
         raise OptionError("give -model (one model) or -config (OpenNMT-py's conf.json)")
     parser = translate_parser()
-    argv = ["-model", args.model, "-src", "-"] + rest
-    try:
-        parsed = parser.parse_args(argv)
-        defaults = {a.dest: a.default for a in parser._actions}
-        given = {k: v for k, v in vars(parsed).items() if k not in ("model", "src")
-                 and v != defaults.get(k)}
-    except SystemExit:  # translate's parser printed its error
-        raise OptionError("a translate option above is refused") from None
+    parser.prog = "onmt_lite serve"  # its errors name this command
+    parsed = parse_with_config(parser, ["-model", args.model, "-src", "-"] + rest)
+    given = {name: getattr(parsed, name) for name in parsed.given_options
+             if name not in ("model", "src")}  # an option given at its default value counts
     opt = check_opt(given, "onmt_lite serve")
     src_lang, tgt_lang = args.src_lang, args.tgt_lang
     if src_lang is None and tgt_lang is None:
