@@ -161,9 +161,9 @@ class ServedModel:
             raise ModelUnavailable(f"{self.spec.describe()} is not available: "
                                    f"{self.error or self.state}")
         n_best = n_best or self.n_best
-        tokens = [translator._source_tokens(line, number) for number, line in
+        tokens = [translator.source_tokens(line, number) for number, line in
                   enumerate(lines, 1)]
-        todo = [i for i, toks in enumerate(tokens) if not translator._empty(toks)]
+        todo = [i for i, toks in enumerate(tokens) if not translator.empty_source(toks)]
         try:
             futures = batcher.submit([tokens[i] for i in todo], Settings(n_best, attention))
         except Stopped as err:

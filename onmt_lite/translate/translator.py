@@ -261,7 +261,7 @@ class Translator:
                   desc="translate", unit="sent", leave=False) as bar, \
                 processes or contextlib.nullcontext():
             for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
-                src_tokens = [self._source_tokens(line, offset + i)
+                src_tokens = [self.source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
                 warning = None if warned else unknown_tokens_warning(self.src_vocab, src_tokens)
                 if warning:
@@ -348,7 +348,9 @@ class Translator:
             generator.set_state(state)
 
     # -- batching -------------------------------------------------------------------------
-    def _source_tokens(self, line: str, number: int) -> List[str]:
+    def source_tokens(self, line: str, number: int) -> List[str]:
+        """Line ``number``'s tokens as the model reads them: through the transform (or split at
+        whitespace), cut to -src_seq_length_trunc or the model's position table."""
         tokens = self.transform.encode(line) if self.transform else line.split()
         limit = self.opt.src_seq_length_trunc or self.model_max_src_len
         if limit and len(tokens) > limit:
@@ -357,7 +359,7 @@ class Translator:
             tokens = tokens[:limit]
         return tokens
 
-    def _empty(self, tokens: List[str]) -> bool:
+    def empty_source(self, tokens: List[str]) -> bool:
         """A source with nothing to translate: no tokens; under -search ctranslate2 also a lone
         ``</s>`` (what a Marian tokenizer makes of an empty line), which CTranslate2 skips."""
         return not tokens or (self.opt.search == "ctranslate2" and tokens == [EOS])
@@ -366,7 +368,7 @@ class Translator:
         """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
         cuts consecutive batches, as OpenNMT-py does: ``batch_size`` sentences, or with
         ``tokens`` as many as keep sentences x longest source within ``batch_size``."""
-        order = [i for i, toks in enumerate(src_tokens) if not self._empty(toks)]
+        order = [i for i, toks in enumerate(src_tokens) if not self.empty_source(toks)]
         if tgt_tokens is None:
             order.sort(key=lambda i: len(src_tokens[i]))
         else:
@@ -380,7 +382,7 @@ class Translator:
             batch.append(i)
         if batch:
             yield batch
-        empties = [i for i, toks in enumerate(src_tokens) if self._empty(toks)]
+        empties = [i for i, toks in enumerate(src_tokens) if self.empty_source(toks)]
         if empties:
             yield empties
 
@@ -398,7 +400,7 @@ class Translator:
         must have a decoder of its own (``replica``) while another batch is between steps."""
         results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
-        if self._empty(src_tokens[indices[0]]):  # the batch of empty lines: empty translations
+        if self.empty_source(src_tokens[indices[0]]):  # the batch of empty lines: empty outputs
             for t, i in zip(results, indices):
                 t.preds, t.scores, t.attns = [[]] * self.opt.n_best, [0.0] * self.opt.n_best, \
                     [torch.zeros(0, 0)] * self.opt.n_best
