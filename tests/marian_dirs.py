@@ -129,6 +129,28 @@ def twin_pieces(folder) -> dict:
     return {pieces[second]: pieces[first] for first, second in TWINS}
 
 
+def twin_choice(ours, theirs, twins) -> bool:
+    """The two token lists part at twins that neither's common prefix holds: an exact tie,
+    whatever penalties that count earlier tokens make of what follows."""
+    if not twins:
+        return False
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if i is None or twins.get(ours[i], ours[i]) != twins.get(theirs[i], theirs[i]):
+        return False
+    return not {ours[i], theirs[i]} & set(ours[:i])
+
+
+def generated_ids(sequence, eos: int, pad: int) -> list:
+    """A generate() output row without its start token: up to its </s>, or, cut at the
+    length limit, without the padding that fills it."""
+    generated = sequence[1:]
+    if eos in generated:
+        return generated[:generated.index(eos) + 1]
+    while generated and generated[-1] == pad:
+        generated.pop()
+    return generated
+
+
 def run_generate(folder, sources, **kwargs):
     """transformers' ``generate`` on a Marian directory: (tokenizer, model, its output with
     scores)."""

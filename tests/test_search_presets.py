@@ -5,7 +5,14 @@ import os
 import sys
 
 import pytest
-from marian_dirs import OPUS_GENERATION, SOURCES, run_generate, sentences, write_marian
+from marian_dirs import (
+    OPUS_GENERATION,
+    SOURCES,
+    generated_ids,
+    run_generate,
+    sentences,
+    write_marian,
+)
 
 from onmt_lite.translate import build_translator
 
@@ -58,15 +65,8 @@ def hf_hypotheses(folder, lines, **kwargs):
     eos, pad = model.generation_config.eos_token_id, model.config.pad_token_id
     scores = out.sequences_scores.tolist() if kwargs["num_beams"] > 1 else [None] * len(
         out.sequences)
-    hyps = []
-    for seq, score in zip(out.sequences.tolist(), scores):
-        generated = seq[1:]
-        if eos in generated:
-            generated = generated[:generated.index(eos) + 1]
-        else:  # cut at max length: what follows is fill
-            while generated and generated[-1] == pad:
-                generated.pop()
-        hyps.append((tokenizer.convert_ids_to_tokens(generated), score))
+    hyps = [(tokenizer.convert_ids_to_tokens(generated_ids(seq, eos, pad)), score)
+            for seq, score in zip(out.sequences.tolist(), scores)]
     return [hyps[i:i + n] for i in range(0, len(hyps), n)]
 
 

@@ -33,7 +33,14 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from marian_dirs import OPUS_GENERATION, SOURCES, twin_pieces, write_marian  # noqa: E402
+from marian_dirs import (  # noqa: E402
+    OPUS_GENERATION,
+    SOURCES,
+    generated_ids,
+    twin_choice,
+    twin_pieces,
+    write_marian,
+)
 
 from onmt_lite.translate import build_translator  # noqa: E402
 
@@ -129,28 +136,12 @@ def generate(model, tokenizer, lines, batch_size: int, **kwargs):
             scores = [None] * len(result.sequences)
         hyps = []
         for i, seq in enumerate(result.sequences.tolist()):
-            generated = seq[1:]
-            if eos in generated:
-                generated = generated[:generated.index(eos) + 1]
-            else:  # cut at the limit: what follows is fill
-                while generated and generated[-1] == pad:
-                    generated.pop()
+            generated = generated_ids(seq, eos, pad)
             if scores[i] is None:
                 scores[i] = float(steps[i][:len(generated)].sum())
             hyps.append((tokenizer.convert_ids_to_tokens(generated), scores[i]))
         out.extend(hyps[i:i + n] for i in range(0, len(hyps), n))
     return out
-
-
-def twin_choice(ours, theirs, twins) -> bool:
-    """The two token lists part at twins that neither's common prefix holds: an exact tie,
-    whatever penalties that count earlier tokens make of what follows."""
-    if not twins:
-        return False
-    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-    if i is None or twins.get(ours[i], ours[i]) != twins.get(theirs[i], theirs[i]):
-        return False
-    return not {ours[i], theirs[i]} & set(ours[:i])
 
 
 def classify(ours, theirs, twins=None):

@@ -336,20 +336,11 @@ def hunt(folder: str, count: int, per_setting: int, test_lines: int, names, only
     return out
 
 
-def twin_choice(ours, theirs, twins) -> bool:
-    """The two token lists part at twins that neither's common prefix holds: an exact tie,
-    whatever penalties that count earlier tokens make of what follows."""
-    if not twins:
-        return False
-    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-    if i is None or twins.get(ours[i], ours[i]) != twins.get(theirs[i], theirs[i]):
-        return False
-    return not {ours[i], theirs[i]} & set(ours[:i])
-
-
 def classify(ours, theirs, twins=None):
     """'same', ('tie', rank, ours, theirs, detail) or ('differs', rank, detail) for one line's
     hypotheses [(tokens joined, score)]; ``twins``: pieces that tie exactly -> their twin."""
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from marian_dirs import twin_choice
     if len(ours) != len(theirs):
         return ("differs", -1, f"{len(ours)} hypotheses, CTranslate2 {len(theirs)}")
     for rank, ((tokens, score), (their_tokens, their_score)) in enumerate(zip(ours, theirs)):
