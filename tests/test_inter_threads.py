@@ -3,8 +3,10 @@ import pytest
 import torch
 from conftest import SRC_WORDS, TINY_MODELS, make_model
 
+import onmt_lite.translate.translator as translator_module
 from onmt_lite.models.model import for_inference, replica
 from onmt_lite.translate import DecodingOptions, Translator
+from onmt_lite.translate.workers import WorkerPool
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -56,23 +58,40 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torch_threads):
-    """-inter_threads 0: one batch per core on one torch thread each where there are several;
-    a lone batch on as many threads as it has sentences, up to the cores; the same output."""
+def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torch_threads,
+                                                      monkeypatch):
+    """-inter_threads 0: several batches go to forked processes, one per core, each on one
+    torch thread (threads where processes cannot serve); a lone batch on as many threads as it
+    has sentences, up to the cores; the same output."""
     model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2)
     lines = ["a b c", "d e", "f a b d", "c c", "e f a", "b"] * 4
     one = Translator(model, src_vocab, tgt_vocab, inter_threads=1)
     auto = Translator(model, src_vocab, tgt_vocab, inter_threads=0)
     auto.cores = 2  # as on a machine of two cores, whatever this one has
     batch = ([0, 1, 2], None, None, 0)
+    assert auto._forks([batch] * 5) and not auto._forks([batch])
     assert auto._side_by_side([batch] * 5) == 2 and torch.get_num_threads() == 1
     assert auto._side_by_side([batch]) == 1 and torch.get_num_threads() == 2
     assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 1
+    pools = []
+    monkeypatch.setattr(translator_module, "WorkerPool",
+                        lambda *args: pools.append(args[1]) or WorkerPool(*args))
     expected = [t.preds for t in one.translate(lines, batch_size=4)]
     assert [t.preds for t in auto.translate(lines, batch_size=4)] == expected
+    assert pools == [2]  # two processes, forked once for the run
+    alone = [t.preds for t in one.translate(lines[:4], batch_size=4)]
+    assert [t.preds for t in auto.translate(lines[:4], batch_size=4)] == alone
+    assert pools == [2]  # a lone batch: no processes
+    threads = Translator(model, src_vocab, tgt_vocab, inter_threads=0)
+    threads.cores, threads.may_fork = 2, False  # as after -compile
+    assert not threads._forks([batch] * 5)
+    assert [t.preds for t in threads.translate(lines, batch_size=4)] == expected
+    assert pools == [2]
     sampling = Translator(model, src_vocab, tgt_vocab, DecodingOptions(
         beam_size=1, random_sampling_topk=3, seed=1), inter_threads=0)
+    assert not sampling._forks([batch] * 5)
     assert sampling._side_by_side([batch] * 5) == 1  # one generator: draws in a fixed order
+    assert not Translator(model, src_vocab, tgt_vocab, inter_threads=1)._forks([batch] * 5)
 
 
 def test_a_second_call_while_the_first_is_open(src_vocab, tgt_vocab):

@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
              "thread each, sharing the model's weights")
     add(g, "inter_threads", type=integer(0), default=0,
         help="batches translated at the same time, each on its own thread (same results); 0: "
-             "with no -threads or -workers, one batch per core on one torch thread each where "
-             "the input has several batches, else one batch on every core")
+             "with no -threads or -workers, one batch per core, each in a forked process of one "
+             "torch thread, where the input has several batches, else one batch on every core")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
     add(g, "fast", action="store_true",
         help="the fast path: the Transformer decoder step with one product for queries, keys "
