@@ -18,6 +18,8 @@ from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
 from onmt_lite.models import fast
+from onmt_lite.models.compiled_step import CompiledStep
+from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.model import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
 
@@ -115,6 +117,51 @@ def test_int8_products_are_not_searched_for_overrides(src_vocab, tgt_vocab, inte
     assert torch._C._is_torch_function_enabled()  # and on again after
 
 
+@pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE], ids=["pre-norm", "post-norm"])
+def test_the_whole_step_finds_the_fast_steps_hypotheses(opt, src_vocab, tgt_vocab, monkeypatch):
+    """The function -compile compiles (run uncompiled here: the same operations), over a cache
+    whose fresh memory is all NaN: later positions masked, their values weighted by zero, the
+    new buffer's capacity zeroed. The fast step's hypotheses, scores and attention, with and
+    without target prefixes (their steps run through the layers, then the whole step goes on)."""
+    lines = _lines(30, 6)
+    plain = KVCache.__init__
+
+    def poisoned(cache, *args):
+        plain(cache, *args)
+        cache.buffer.fill_(float("nan"))
+    monkeypatch.setattr(KVCache, "__init__", poisoned)
+    results = []
+    for whole in (False, True):
+        translator = _translator(opt, src_vocab, tgt_vocab, True)
+        decoder = translator.model.decoder
+        if whole:
+            decoder.compiled_step = CompiledStep(decoder, lambda fn: fn)
+        results.append([translator.translate(lines, batch_size=size) for size in (1, 4, 9)])
+        translator.opt.tgt_file_prefix = True
+        results[-1].append(translator.translate(lines, tgt=lines[::-1], batch_size=4))
+    for a, b in zip(sum(results[0], []), sum(results[1], [])):
+        assert a.preds == b.preds
+        assert a.scores == pytest.approx(b.scores, abs=1e-4)
+        for attn_a, attn_b in zip(a.attns, b.attns):
+            assert torch.allclose(attn_a, attn_b, atol=1e-5)
+
+
+def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
+    """-compile -precision bf16: the products inside the step in bf16 (autocast), so scores
+    move by bf16 rounding, not more; the cache stays fp32."""
+    lines = _lines(20, 9)
+    scores = []
+    for bf16 in (False, True):
+        translator = _translator(TINY_TRANSFORMER, src_vocab, tgt_vocab, True)
+        decoder = translator.model.decoder
+        decoder.compiled_step = CompiledStep(decoder, lambda fn: fn, bf16=bf16)
+        translator.opt.tgt_file_prefix = True  # forced: the same tokens, comparable scores
+        scores.append([t.scores[0] for t in translator.translate(lines, tgt=lines, batch_size=5)])
+        assert decoder.cache.buffer.dtype == torch.float32
+    differences = [abs(a - b) for a, b in zip(*scores)]
+    assert 0 < max(differences) < 0.1
+
+
 def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
     """torch.compile would split its code at every int8 product: -compile -int8 says so in one
     line and runs the blocks uncompiled, with every product in int8."""
@@ -133,8 +180,7 @@ def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch,
     monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-c++-compiler"))
     assert "no C++ compiler found" in fast.compiler_problem()
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
-        compile = fast.compiler()
-    assert compile(len) is len
+        assert fast.compiler() is None
     assert [r.getMessage() for r in caplog.records] == [
         "-compile: no C++ compiler found (looked for no-such-c++-compiler; set CXX to one): the "
         "decoder step runs uncompiled"]
@@ -173,9 +219,10 @@ print(json.dumps({"preds": out, "graphs": counters["stats"]["unique_graphs"],
 
 @pytest.mark.skipif(fast.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
-    """Batches of 1, 3 and 8 sentences of many lengths compile a few graphs (the three blocks,
-    and a block's special case of one row), not one per shape; a second process loads them from
-    the cache directory; the compiled step finds the uncompiled step's hypotheses."""
+    """Batches of 1, 3 and 8 sentences of many lengths compile a few graphs of the whole step
+    (a first step and the steps after it, each with special cases of one row, one sentence or
+    one source token), not one per shape; a second process loads them from the cache
+    directory; the compiled step finds the uncompiled step's hypotheses."""
     from conftest import tiny_checkpoint
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     src = tmp_path / "in.txt"
@@ -187,7 +234,7 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     first, second = runs
-    assert 3 <= first["graphs"] <= 6
+    assert 2 <= first["graphs"] <= 8
     assert first["misses"] == first["graphs"] and first["hits"] == 0
     assert second["hits"] == first["graphs"] and second["misses"] == 0
     uncompiled = build_translator({"model": model, "beam_size": 3})

@@ -108,14 +108,18 @@ def has_bf16_units() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def to_bfloat16(module: nn.Module) -> nn.Module:
-    """Replaces, in place, every Linear, LSTMCell and GRUCell below ``module`` by its bf16
-    version; returns ``module``. Shared layers (tied weights) stay shared."""
+def to_bfloat16(module: nn.Module, skip: Optional[nn.Module] = None) -> nn.Module:
+    """Replaces, in place, every Linear, LSTMCell and GRUCell below ``module`` (except those
+    below ``skip``) by its bf16 version; returns ``module``. Shared layers (tied weights) stay
+    shared."""
     if not has_bf16_units():
         logger.warning("this CPU has no bf16 units (AMX, AVX-512 BF16): -precision bf16 "
                        "will be slower than fp32")
     done = {}
+    kept = set() if skip is None else {id(m) for m in skip.modules()}
     for parent in list(module.modules()):
+        if id(parent) in kept:
+            continue
         for name, child in parent.named_children():
             version = BFLOAT16_VERSIONS.get(type(child))
             if version is not None:

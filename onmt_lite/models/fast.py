@@ -13,12 +13,10 @@ Transformer:
   time than a product with transposed keys and a separate masking pass (32 sentences x 5
   hypotheses, 8-30 source tokens).
 - The first feed-forward product and its relu in one int8 call (``linear_relu_dynamic``).
-- With ``-compile``, the position-wise blocks between the attentions compiled by
-  ``torch.compile`` (Inductor) where a C++ compiler is found: with dynamic shapes, so one
-  compilation serves every number of rows and every length; the code is kept in a cache
-  directory, so a later process loads it instead of compiling. Without a compiler the same
-  blocks run uncompiled, after one line that says so; so do they with ``-int8`` (see
-  INT8_UNCOMPILED).
+- With ``-compile``, the whole step compiled by ``torch.compile`` (Inductor) where a C++
+  compiler is found (compiled_step.py); the code is kept in a cache directory, so a later
+  process loads it instead of compiling. Without a compiler the step runs uncompiled, after
+  one line that says so; so does it with ``-int8`` (see INT8_UNCOMPILED).
 
 RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
 rounding:
@@ -45,6 +43,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention
+from onmt_lite.models.compiled_step import CompiledStep
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
 
@@ -78,18 +77,26 @@ def compiler_problem() -> Optional[str]:
     return None
 
 
-def compiler(cache_dir: str = "") -> Callable:
-    """torch.compile with dynamic shapes and its code kept in ``cache_dir`` (default: the user's
-    cache); where no compiler is found, says so in one line and returns the eager function."""
+def compiler(cache_dir: str = "") -> Optional[Callable]:
+    """torch.compile for inference with dynamic shapes, its code kept in ``cache_dir``
+    (default: the user's cache); where no compiler is found, says so in one line and returns
+    None.
+
+    Freezing makes the weights constants of the graph (prepacked for the CPU's kernels); no
+    duck sizing, so sizes equal at the first call (a batch's rows and its source length, say)
+    are not assumed equal for ever, which would compile again at the first batch that differs.
+    Both settings are torch's globals: they hold for whatever else this process compiles."""
     problem = compiler_problem()
     if problem:
         logger.warning("-compile: %s: the decoder step runs uncompiled", problem)
-        return lambda fn: fn
+        return None
     directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
         from torch._inductor.utils import clear_caches
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
         clear_caches()  # nothing compiled before is looked for in the old place
+    import torch.fx.experimental._config as fx
+    fx.use_duck_shape = False
     return lambda fn: torch.compile(fn, dynamic=True)
 
 
@@ -141,14 +148,11 @@ def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 class FastDecoderLayer(Residual):
     """A DecoderLayer's step on the fast path, with the layer's own modules (weights shared),
-    called without the module machinery and without the no-op dropouts.
+    called without the module machinery and without the no-op dropouts. Its blocks between
+    the attentions (``_project``, ``_between``, ``_finish``) are also the parts of the compiled
+    step (compiled_step.py)."""
 
-    Args:
-        layer: the DecoderLayer.
-        compile: turns a block function into its compiled version (see ``compiler``).
-    """
-
-    def __init__(self, layer: DecoderLayer, compile: Callable = lambda fn: fn):
+    def __init__(self, layer: DecoderLayer):
         super().__init__(layer.pre_norm)
         self.layer_norm_1, self.layer_norm_2 = layer.layer_norm_1, layer.layer_norm_2
         self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
@@ -162,8 +166,7 @@ class FastDecoderLayer(Residual):
         query = layer.context_attn.linear_query
         self.context_query = _linear(query.weight * scale,
                                      None if query.bias is None else query.bias * scale)
-        self.project, self.between, self.finish = (
-            compile(self._project), compile(self._between), compile(self._finish))
+        self.project, self.between, self.finish = self._project, self._between, self._finish
 
     def _project(self, x: torch.Tensor):
         """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each."""
@@ -344,17 +347,18 @@ def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
 
 
 def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "",
-            int8: bool = False) -> nn.Module:
-    """Puts a decoder on the fast path, in place: a TransformerDecoder's layers, compiled if
-    ``compile`` and not ``int8`` (to be quantised next); an input-feeding RNN decoder's folds
-    (uncompiled). Returns the decoder."""
+            int8: bool = False, bf16: bool = False) -> nn.Module:
+    """Puts a decoder on the fast path, in place: a TransformerDecoder's layers, its step
+    compiled whole if ``compile`` and not ``int8`` (to be quantised next), with bf16 products
+    if ``bf16``; an input-feeding RNN decoder's folds (uncompiled). Returns the decoder."""
     if isinstance(decoder, InputFeedRNNDecoder):
         fold_rnn(decoder)
     elif isinstance(decoder, TransformerDecoder):
         if compile and int8:
             logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
             compile = False
-        compile = compiler(cache_dir) if compile else (lambda fn: fn)
-        decoder.layers = nn.ModuleList(FastDecoderLayer(layer, compile)
-                                       for layer in decoder.layers)
+        decoder.layers = nn.ModuleList(FastDecoderLayer(layer) for layer in decoder.layers)
+        compile = compiler(cache_dir) if compile else None
+        if compile is not None:
+            decoder.compiled_step = CompiledStep(decoder, compile, bf16)
     return decoder

@@ -157,9 +157,10 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
         raise OptionError(f"-int8 and -precision {precision} exclude each other")
     model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
     if fast or compile:
-        to_fast(model.decoder, compile, compile_cache, int8)
-    if precision == "bf16" and not on_gpu:
-        to_bfloat16(model)
+        to_fast(model.decoder, compile, compile_cache, int8, precision == "bf16" and not on_gpu)
+    if precision == "bf16" and not on_gpu:  # a compiled step makes its own bf16 products
+        compiled = getattr(model.decoder, "compiled_step", None) is not None
+        to_bfloat16(model, skip=model.decoder if compiled else None)
     if int8:
         with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
             warnings.simplefilter("ignore")

@@ -187,6 +187,7 @@ class TransformerDecoder(nn.Module):
         self.cache: Optional[KVCache] = None  # the self-attention keys/values (init_state)
         self.group = 1  # decoder rows per row of the source entries (see state.py)
         self.position = 0
+        self.compiled_step = None  # -compile: the step compiled whole (compiled_step.py)
         self.source_keys = ["src_mask"] + [f"memory_{kv}.{i}" for i in range(layers)
                                            for kv in ("keys", "values")]
 
@@ -245,5 +246,7 @@ class TransformerDecoder(nn.Module):
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""
+        if self.compiled_step is not None and not torch.is_grad_enabled():
+            return self.compiled_step(self, tokens)
         out, attn = self.forward(tokens.unsqueeze(1))
         return out.squeeze(1), attn.squeeze(1)
