@@ -313,6 +313,8 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
                               "{inter}", "-inter_threads", "1"],
     "fast-bf16-workers": ["-fast", "-precision", "bf16", "-workers", "{inter}",
                           "-inter_threads", "1"],
+    "compiled-bf16-workers": ["-compile", "-compile_cache", "{cache}", "-precision", "bf16",
+                              "-workers", "{inter}", "-inter_threads", "1"],
     # -compile where no C++ compiler is found: the -fast step, after one line
     "compiled-no-compiler-workers": ["-compile", "-workers", "{inter}", "-inter_threads", "1"]}
 NO_COMPILER = {"compiled-no-compiler-workers"}  # run with CXX pointing nowhere

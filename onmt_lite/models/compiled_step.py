@@ -22,6 +22,10 @@ kernels for the CPU's AMX or AVX-512 BF16 units); norms, softmaxes and the cache
 Cache positions past the prefix are masked, and their values weighted by an exact zero; a zero
 times a NaN would still be NaN, so the capacity a new buffer adds is zeroed once (memory from
 ``new_empty`` can hold any bits).
+
+Nothing here is CPU-only: on a GPU the same graph compiles to Triton kernels. What a GPU would
+add is CUDA graphs (``mode="reduce-overhead"``), which need shapes that never change: finished
+rows kept and masked instead of dropped, and one capacity for the whole batch.
 """
 from typing import Callable, Tuple
 
@@ -73,7 +77,7 @@ class CompiledStep:
         (R, H), head 0 of the last context attention (R, S) and the step's keys and values
         (layers, 2, R, heads, 1, dim)."""
         if self.bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
                 out, attn, new = self._layers(tokens, position, buffer, memory, src_bias, group)
             return out.float(), attn.float(), new.float()
         return self._layers(tokens, position, buffer, memory, src_bias, group)
