@@ -7,7 +7,8 @@ Each setting runs in its own process, ``-runs`` times, the settings taking turns
 idle machine, then with one spinning process per core started beside it ("busy"). Reported per
 setting and load: the median (min-max) translation time as translate.py reports it, and its
 ratio to onmt_lite's default setting under the same load. The default decodes the batches side
-by side, one per core on one torch thread each; "-threads N" decodes one batch at a time on N
+by side in forked processes, one per core on one torch thread each ("-threads 1 -inter_threads
+N": on threads of one process instead); "-threads N" decodes one batch at a time on N
 intra-op threads, whose OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE, set by
 onmt_lite); "spin-wait" is OpenMP's own default (threads spin before they sleep), which an empty
 OMP_WAIT_POLICY gives back.
@@ -28,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORES = str(len(os.sched_getaffinity(0)))
 SETTINGS = {
     "default": ({}, []),
+    f"-threads 1 -inter_threads {CORES}": ({}, ["-threads", "1", "-inter_threads", CORES]),
     f"-threads {CORES} (passive wait)": ({}, ["-threads", CORES]),
     f"-threads {CORES}, spin-wait": ({"OMP_WAIT_POLICY": ""}, ["-threads", CORES]),
     "-threads 1": ({}, ["-threads", "1"]),
