@@ -90,7 +90,8 @@ def test_onmt_py_translate_answers_a_list_per_n_best_rank(client, reference):
     for rank in range(2):
         first, empty, second = out[rank]
         assert first == {"src": f"  {DEMO[0]} ", "tgt": f"  {reference[DEMO[0]][0][rank]} ",
-                         "n_best": 2, "pred_score": pytest.approx(reference[DEMO[0]][1][rank])}
+                         "n_best": 2,  # a lane's one thread rounds unlike this process's
+                         "pred_score": pytest.approx(reference[DEMO[0]][1][rank], abs=1e-5)}
         assert (empty["tgt"], empty["pred_score"]) == ("", 0.0)
         assert second["tgt"] == reference[DEMO[1]][0][rank]
 
