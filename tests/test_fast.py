@@ -19,7 +19,6 @@ from parity import FIXTURES, TEST_SRC, available
 
 from onmt_lite.models import fast
 from onmt_lite.models.compiled_step import CompiledStep
-from onmt_lite.models.kv_cache import KVCache
 from onmt_lite.models.model import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
 
@@ -83,7 +82,7 @@ def test_the_fused_weights_are_the_three_projections(src_vocab, tgt_vocab):
     layer = model.decoder.layers[0]
     quick = fast.FastDecoderLayer(layer)
     x = torch.randn(5, 1, 16)
-    q, k, v = quick._project(x)
+    q, k, v = quick.project(x)
     attn = layer.self_attn
     assert torch.allclose(q, attn.project_query(x), atol=1e-6)
     assert torch.allclose(k, attn.project_kv(x)[0], atol=1e-6)
@@ -119,23 +118,21 @@ def test_int8_products_are_not_searched_for_overrides(src_vocab, tgt_vocab, inte
 
 @pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE], ids=["pre-norm", "post-norm"])
 def test_the_whole_step_finds_the_fast_steps_hypotheses(opt, src_vocab, tgt_vocab, monkeypatch):
-    """The function -compile compiles (run uncompiled here: the same operations), over a cache
-    whose fresh memory is all NaN: later positions masked, their values weighted by zero, the
-    new buffer's capacity zeroed. The fast step's hypotheses, scores and attention, with and
-    without target prefixes (their steps run through the layers, then the whole step goes on)."""
+    """The function -compile compiles (run uncompiled here: the same operations), where fresh
+    memory is all NaN: later positions masked, their values weighted by zero, the cache's
+    buffers zeroed. The fast step's hypotheses, scores and attention, with and without target
+    prefixes (their steps run through the layers, then the whole step goes on)."""
     lines = _lines(30, 6)
-    plain = KVCache.__init__
-
-    def poisoned(cache, *args):
-        plain(cache, *args)
-        cache.buffer.fill_(float("nan"))
-    monkeypatch.setattr(KVCache, "__init__", poisoned)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
     results = []
     for whole in (False, True):
         translator = _translator(opt, src_vocab, tgt_vocab, True)
         decoder = translator.model.decoder
         if whole:
             decoder.compiled_step = CompiledStep(decoder, lambda fn: fn)
+            translator.translate(lines[:1])
+            assert decoder.cache.new is torch.zeros
         results.append([translator.translate(lines, batch_size=size) for size in (1, 4, 9)])
         translator.opt.tgt_file_prefix = True
         results[-1].append(translator.translate(lines, tgt=lines[::-1], batch_size=4))
@@ -164,14 +161,14 @@ def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
 
 def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
     """torch.compile would split its code at every int8 product: -compile -int8 says so in one
-    line and runs the blocks uncompiled, with every product in int8."""
+    line and runs the step uncompiled, with every product in int8."""
     model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         model = for_inference(model, "cpu", int8=True, compile=True)
     assert [r.getMessage() for r in caplog.records] == [f"-compile -int8: {fast.INT8_UNCOMPILED}"]
     layer = model.decoder.layers[0]
     assert isinstance(layer, fast.FastDecoderLayer)
-    assert layer.project.__func__ is fast.FastDecoderLayer._project  # not a compiled wrapper
+    assert model.decoder.compiled_step is None
     assert type(layer.qkv) is fast.DynamicQuantizedLinear
 
 
@@ -212,6 +209,7 @@ translator = build_translator({"model": sys.argv[1], "compile": True, "beam_size
 lines = [l.strip() for l in open(sys.argv[3])]
 out = [t.preds for size in (1, 3, 8) for t in translator.translate(lines, batch_size=size)]
 print(json.dumps({"preds": out, "graphs": counters["stats"]["unique_graphs"],
+                  "may_fork": translator.may_fork,
                   "hits": counters["inductor"]["fxgraph_cache_hit"],
                   "misses": counters["inductor"]["fxgraph_cache_miss"]}))
 """
@@ -235,6 +233,7 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     first, second = runs
     assert 2 <= first["graphs"] <= 8
+    assert not first["may_fork"]  # compiled for this process's threads: no forked workers
     assert first["misses"] == first["graphs"] and first["hits"] == 0
     assert second["hits"] == first["graphs"] and second["misses"] == 0
     uncompiled = build_translator({"model": model, "beam_size": 3})

@@ -65,6 +65,18 @@ def test_fill_gaps_moves_only_sentences_past_the_end():
     assert fill_gaps([]) == []
 
 
+def test_a_zeroed_cache_grows_and_tiles_into_zeroed_memory():
+    cache = KVCache(2, 2, 1, 1, torch.float, "cpu", zeroed=True)
+    assert not cache.buffer.any()
+    cache.reserve(1)
+    cache.append(0, torch.ones(2, 1, 1, 1), torch.ones(2, 1, 1, 1))
+    cache.advance(1)
+    cache.reserve(40)  # grown: the prefix, then zeros
+    cache.reorder(torch.tensor([0, 0, 1, 1]), group=2)  # more rows: a larger buffer
+    assert cache.buffer.size(4) >= 41 and cache.buffer.size(2) == 4
+    assert cache.buffer[0, :, :, :, :1].eq(1).all() and not cache.buffer[..., 1:, :].any()
+
+
 def test_rows_that_swap_histories():
     # row 0 takes row 1's history and row 1 row 0's: copied one by one in order, row 1 would
     # read row 0 after it was overwritten

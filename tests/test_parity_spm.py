@@ -150,12 +150,11 @@ WINDSURF_NBEST = [("Ein Mann in einem Neoprenanzug surft im Meer.", -0.7256),
                   ("Ein Mann in der Nähe eines Boots.", -0.8535)]
 
 
-def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch(monkeypatch):
+def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch():
     # one torch thread, as the default layout decodes a lone sentence: on an AVX-512 CPU, MKL's
     # two-thread products of a one-sentence batch round this line's near-tie the other way
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # kept for the whole test
     try:
         translator = build_translator({"model": MODEL, "beam_size": 5, "n_best": 3})
         with open(SRC, encoding="utf-8") as f:
@@ -168,5 +167,4 @@ def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch(monkeypatch):
             assert [(text, round(score, 4)) for text, score
                     in zip(result.texts, result.scores)] == WINDSURF_NBEST
     finally:
-        monkeypatch.undo()
         torch.set_num_threads(threads)

@@ -11,17 +11,16 @@ What makes one graph serve every step of every batch:
   position. An in-place write inside the graph would make Inductor copy the whole cache back
   at every step.
 - Dynamic shapes without "duck sizing" (equal sizes are not assumed equal for ever), so rows,
-  source length, capacity and the rows per source row are free: the fixture compiles three
-  graphs (the first step, where the hypotheses share one row each, the steps after, and a batch
-  of one row).
-- Freezing: the weights are constants of the graph, prepacked for oneDNN or MKL.
+  source length, capacity and the rows per source row are free: the fixture compiles five
+  graphs (the first step, where the hypotheses share one row each, the steps after it, and
+  their cases of one row or one sentence).
 
 With ``-precision bf16`` the products run in bf16 under autocast inside the graph (oneDNN's
 kernels for the CPU's AMX or AVX-512 BF16 units); norms, softmaxes and the cache stay fp32.
 
 Cache positions past the prefix are masked, and their values weighted by an exact zero; a zero
-times a NaN would still be NaN, so the capacity a new buffer adds is zeroed once (memory from
-``new_empty`` can hold any bits).
+times a NaN would still be NaN, so the decoder's cache is made with zeroed memory (KVCache's
+``zeroed``).
 
 Nothing here is CPU-only: on a GPU the same graph compiles to Triton kernels. What a GPU would
 add is CUDA graphs (``mode="reduce-overhead"``), which need shapes that never change: finished
@@ -57,12 +56,8 @@ class CompiledStep:
         if position + 1 > self.embeddings.max_len:
             raise ValueError(f"sequence longer than {self.embeddings.max_len} positions")
         cache.reserve(1)
-        if getattr(cache, "zeroed", None) is not cache.buffer:  # a new buffer (see above)
-            cache.buffer[..., cache.length:, :].zero_()
-            cache.zeroed = cache.buffer
         state = decoder.state
-        memory = [state[f"memory_{kv}.{i}"] for i in range(len(self.layers))
-                  for kv in ("keys", "values")]
+        memory = [state[key] for key in decoder.source_keys[1:]]  # keys, values of each layer
         out, attn, new = self.graph(cache.to_buffer(tokens).contiguous(),
                                     torch.tensor(position, device=tokens.device),
                                     cache.buffer, memory, state["src_mask"], decoder.group)
@@ -72,8 +67,8 @@ class CompiledStep:
         return cache.from_buffer(out), cache.from_buffer(attn)
 
     def _step(self, tokens, position, buffer, memory, src_bias, group: int):
-        """The compiled function: tokens (R,) in cache order at ``position`` (a 0-d tensor); the cache
-        ``buffer`` (layers, 2, rows, heads, capacity, dim) holds the prefix. Returns the output
+        """The compiled function: tokens (R,) in cache order at ``position`` (a 0-d tensor);
+        the cache ``buffer`` (layers, 2, rows, heads, capacity, dim) holds the prefix. Returns the output
         (R, H), head 0 of the last context attention (R, S) and the step's keys and values
         (layers, 2, R, heads, 1, dim)."""
         if self.bf16:
@@ -84,21 +79,22 @@ class CompiledStep:
 
     def _layers(self, tokens, position, buffer, memory, src_bias, group: int):
         emb, rows = self.embeddings, tokens.size(0)
-        x = (emb.embeddings(tokens) * emb.scale + emb.pe.index_select(0, position.view(1))).unsqueeze(1)
+        x = emb.embeddings(tokens) * emb.scale + emb.pe.index_select(0, position.view(1))
+        x = x.unsqueeze(1)
         later = torch.arange(buffer.size(4), device=tokens.device) >= position  # not yet written
         new, attn = [], None
         for i, layer in enumerate(self.layers):
-            q, keys, values = layer._project(x)  # (R, h, 1, d) each
+            q, keys, values = layer.project(x)  # (R, h, 1, d) each
             new += [keys, values]
             past_keys, past_values = buffer[i, 0, :rows], buffer[i, 1, :rows]  # (R, h, C, d)
             scores = torch.cat([torch.matmul(q, past_keys.transpose(2, 3)).masked_fill(
                 later, MASKED_LOGIT), (q * keys).sum(-1, keepdim=True)], dim=-1)
             weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
             context = torch.matmul(weights[..., :-1], past_values) + weights[..., -1:] * values
-            query, q = layer._between(layer.self_attn.merge_heads(context, rows, 1), x)
+            query, q = layer.between(layer.self_attn.merge_heads(context, rows, 1), x)
             context, attn = layer.context_attention(q, memory[2 * i], memory[2 * i + 1],
                                                     src_bias, group)
-            x = layer._finish(context, query)
+            x = layer.finish(context, query)
         out = self.norm(x).squeeze(1)
         new = torch.stack(new).view(len(self.layers), 2, rows, *keys.shape[1:])
         return out, attn[:, 0].reshape(rows, -1), new

@@ -78,14 +78,14 @@ def compiler_problem() -> Optional[str]:
 
 
 def compiler(cache_dir: str = "") -> Optional[Callable]:
-    """torch.compile for inference with dynamic shapes, its code kept in ``cache_dir``
-    (default: the user's cache); where no compiler is found, says so in one line and returns
-    None.
+    """torch.compile with dynamic shapes, its code kept in ``cache_dir`` (default: the user's
+    cache); where no compiler is found, says so in one line and returns None.
 
-    Freezing makes the weights constants of the graph (prepacked for the CPU's kernels); no
-    duck sizing, so sizes equal at the first call (a batch's rows and its source length, say)
+    No duck sizing: sizes equal at the first call (a batch's rows and its source length, say)
     are not assumed equal for ever, which would compile again at the first batch that differs.
-    Both settings are torch's globals: they hold for whatever else this process compiles."""
+    The setting is torch's global: it holds for whatever else this process compiles. Freezing
+    (the weights as constants of the graph, prepacked) is left off: a frozen graph bypasses
+    Inductor's cache, so every process would compile anew."""
     problem = compiler_problem()
     if problem:
         logger.warning("-compile: %s: the decoder step runs uncompiled", problem)
@@ -149,7 +149,7 @@ def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 class FastDecoderLayer(Residual):
     """A DecoderLayer's step on the fast path, with the layer's own modules (weights shared),
     called without the module machinery and without the no-op dropouts. Its blocks between
-    the attentions (``_project``, ``_between``, ``_finish``) are also the parts of the compiled
+    the attentions (``project``, ``between``, ``finish``) are also the parts of the compiled
     step (compiled_step.py)."""
 
     def __init__(self, layer: DecoderLayer):
@@ -166,20 +166,19 @@ class FastDecoderLayer(Residual):
         query = layer.context_attn.linear_query
         self.context_query = _linear(query.weight * scale,
                                      None if query.bias is None else query.bias * scale)
-        self.project, self.between, self.finish = self._project, self._between, self._finish
 
-    def _project(self, x: torch.Tensor):
+    def project(self, x: torch.Tensor):
         """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each."""
         qkv = product(self.qkv, self.before(self.layer_norm_1, x))
         return tuple(self.self_attn.split_heads(part) for part in qkv.chunk(3, dim=-1))
 
-    def _between(self, context: torch.Tensor, x: torch.Tensor):
+    def between(self, context: torch.Tensor, x: torch.Tensor):
         """The self-attention's contexts (B, T, H) -> the layer's state after it and the
         context attention's scaled queries (B, T, H)."""
         query = self.after(self.layer_norm_1, product(self.self_attn.final_linear, context) + x)
         return query, product(self.context_query, self.before(self.layer_norm_2, query))
 
-    def _finish(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    def finish(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         out = self.after(self.layer_norm_2,
                          product(self.context_attn.final_linear, context) + query)
         ff, normed = self.feed_forward, self.before(self.feed_forward.layer_norm, out)

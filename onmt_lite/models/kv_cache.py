@@ -35,9 +35,16 @@ def _copy_rows(history: torch.Tensor, sources: torch.Tensor, targets: torch.Tens
 
 
 class KVCache:
-    def __init__(self, layers: int, rows: int, heads: int, dim: int, dtype, device):
-        self.buffer = torch.empty(layers, 2, rows, heads, INITIAL_CAPACITY, dim, dtype=dtype,
-                                  device=device)
+    """Args:
+        zeroed: every buffer made with zeroed memory, not whatever bits it held (the compiled
+            step reads positions past the prefix, weighted by zero: a NaN there would spread).
+    """
+
+    def __init__(self, layers: int, rows: int, heads: int, dim: int, dtype, device,
+                 zeroed: bool = False):
+        self.new = torch.zeros if zeroed else torch.empty
+        self.buffer = self.new(layers, 2, rows, heads, INITIAL_CAPACITY, dim, dtype=dtype,
+                               device=device)
         self.rows = rows  # buffer rows in use: the first ``rows``
         self.length = 0
         self.slot = torch.arange(rows, device=device)  # buffer row of each logical row
@@ -53,7 +60,7 @@ class KVCache:
         if needed > capacity:
             shape = list(self.buffer.shape)
             shape[2], shape[4] = self.rows, max(needed, 2 * capacity)
-            grown = self.buffer.new_empty(shape)
+            grown = self.new(shape, dtype=self.buffer.dtype, device=self.buffer.device)
             grown[..., :self.length, :] = self.live()
             self.buffer = grown
 
@@ -83,8 +90,8 @@ class KVCache:
         rows = origin.numel()
         order = torch.arange(rows, device=origin.device)
         if rows > self.buffer.size(2):  # beam tiling: copy into a larger buffer
-            larger = self.buffer.new_empty(self.buffer.shape[:2] + (rows,)
-                                           + self.buffer.shape[3:])
+            larger = self.new(self.buffer.shape[:2] + (rows,) + self.buffer.shape[3:],
+                              dtype=self.buffer.dtype, device=self.buffer.device)
             torch.index_select(self.live(), 2, origin, out=larger[..., :self.length, :])
             self.buffer, self.rows = larger, rows
             self.slot = self.inverse = order
