@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import ROOT, SHARED_FIXTURES, tiny_checkpoint
 
+from onmt_lite.checkpoint import load_checkpoint
 from onmt_lite.search.finishing import DiverseGroups, FirstFinished
 from onmt_lite.translate import build_translator
 
@@ -97,3 +98,26 @@ def test_diverse_groups_must_divide_the_beam_and_need_the_fairseq_preset(tmp_pat
         build_translator({"model": model, "beam_size": 4, "diverse_groups": 2})
     assert build_translator({"model": model, "search": "fairseq", "beam_size": 4,
                              "diverse_groups": 2}).opt.diverse_groups == 2
+
+
+def test_the_preset_takes_sequence_generators_length_defaults(tmp_path):
+    """With no -max_length or -min_length, -search fairseq decodes up to 200 tokens (max_len_b,
+    then </s> is the only choice) and never ends before the first (min_len 1), as
+    SequenceGenerator does; options given still win."""
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
+    model = load_checkpoint(ckpt)
+    eos = model.tgt_vocab.stoi["</s>"]
+    for name, shift in (("never.pt", -1e4), ("first.pt", 1e4)):
+        bias = model.generator_state["bias"].clone().index_fill_(0, torch.tensor([eos]), shift)
+        torch.save(dict(torch.load(ckpt, weights_only=True),
+                        generator=dict(model.generator_state, bias=bias)), tmp_path / name)
+    never_ends = build_translator({"model": str(tmp_path / "never.pt"), "search": "fairseq",
+                                   "beam_size": 2})
+    assert (never_ends.opt.max_length, never_ends.opt.min_length) == (200, 1)
+    assert [len(t.preds[0]) for t in never_ends.translate(["a b", "c"])] == [200, 200]
+    ends_first = build_translator({"model": str(tmp_path / "first.pt"), "search": "fairseq",
+                                   "beam_size": 2})
+    assert [len(t.preds[0]) for t in ends_first.translate(["a b"])] == [1]
+    given = build_translator({"model": str(tmp_path / "never.pt"), "search": "fairseq",
+                              "beam_size": 2, "max_length": 7, "min_length": 0})
+    assert (given.opt.max_length, given.opt.min_length) == (7, 0)

@@ -80,7 +80,10 @@ PRESETS = {
                  # GenerationConfig: num_beams=1, max_length=20 (the decoder's start counted)
                  defaults=(("max_length_ratio", 0.0), ("beam_size", 1), ("max_length", 19))),
     "fairseq": Preset("fairseq", "first", NEG_INF, "no_repeat", ban_renormalises=False,
-                      bans_pad=True),
+                      bans_pad=True,
+                      # SequenceGenerator's signature: max_len_a=0, max_len_b=200, min_len=1
+                      defaults=(("max_length_ratio", 0.0), ("max_length", 200),
+                                ("min_length", 1))),
     "ctranslate2": Preset("ctranslate2", "replace", NEG_INF, "no_repeat",
                           ban_renormalises=False, on_logits="always", count_start=False,
                           # translate_batch's signature: beam_size=2,

@@ -103,10 +103,14 @@ class Encoder(FairseqEncoder):
 
     def forward(self, src_tokens, src_lengths):
         memory, final = self.model.encode(src_tokens, src_lengths)
-        return {"memory": memory, "lengths": src_lengths}
+        out = {"memory": memory, "lengths": src_lengths}
+        for i, state in enumerate(final or ()):  # an RNN's final states, each (layers, B, H)
+            out[f"final {i}"] = state
+        return out
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        return {k: v.index_select(0, new_order) for k, v in encoder_out.items()}
+        return {k: v.index_select(1 if k.startswith("final") else 0, new_order)
+                for k, v in encoder_out.items()}
 
 
 class Decoder(FairseqIncrementalDecoder):
@@ -117,7 +121,8 @@ class Decoder(FairseqIncrementalDecoder):
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         dec = self.model.decoder
         if prev_output_tokens.size(1) == 1:  # a new batch: its state starts from the memory
-            dec.init_state(encoder_out["lengths"], encoder_out["memory"], None)
+            final = tuple(v for k, v in sorted(encoder_out.items()) if k.startswith("final"))
+            dec.init_state(encoder_out["lengths"], encoder_out["memory"], final or None)
         out, attn = dec.step(prev_output_tokens[:, -1])
         logits = self.model.generator(out).float()
         return logits.unsqueeze(1), {"attn": [attn.float().unsqueeze(1)]}

@@ -27,7 +27,6 @@ scores keep every digit; it drops an empty line, which the comparison knows.
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -38,14 +37,13 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # OpenNMT-py 3.5
 
 import onmt  # noqa: E402
 import torch  # noqa: E402
+from hunt_lines import lines_for, read_corpora  # noqa: E402
 from hunt_variant import KINDS, write_hunt_variant  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SHARED = os.path.join(ROOT, "..", "shared")
 FIXTURES = os.path.join(SHARED, "fixtures", "onmt-py")
-DATA = os.path.join(SHARED, "data", "multi30k")
-CORPORA = ("train", "test_2016_flickr", "val")
 FIXTURE_NAMES = ("transformer", "rnn")
 MODELS = [f"{fixture} {kind}" for fixture in FIXTURE_NAMES for kind in KINDS]
 TRANSFORMERS = [m for m in MODELS if m.startswith("transformer")]
@@ -113,37 +111,6 @@ SETTINGS = [
     ("greedy, prefix 1, min 4, batch 7", {"beam_size": 1, "tgt": "prefix 1", "min_length": 4,
                                           "batch_size": 7}, MODELS),
 ]
-# lines per (setting, model): from train, test_2016_flickr, val; one-token lines; the chance
-# of a long line (it sets the length limit of its whole batch: the costliest line by far)
-SIZES = {"default": (2, 1, 1, 1, 0.15), "full": (80, 15, 8, 3, 1.0)}
-ONE_TOKEN = [("dog", "hund"), (".", "."), ("a", "ein"), ("xylophonist", "xylophonist"),
-             ("two", "zwei")]
-PARTS_OF_A_LONG_LINE = (3, 5)  # joined training lines (the longest has 40 words)
-
-
-def read(name: str, side: str):
-    with open(os.path.join(DATA, f"{name}.lc.tok.{side}"), encoding="utf-8") as f:
-        return f.read().split("\n")[:-1]
-
-
-def lines_for(name: str, model: str, size: str, corpora: dict):
-    """The (source, target) pairs of one (setting, model): drawn by a generator seeded with
-    both names, an empty line among them."""
-    rng = random.Random(f"{name} | {model}")
-    counts = SIZES[size]
-    pairs = [("", "")]
-    for corpus, count in zip(CORPORA, counts):
-        src, tgt = corpora[corpus]
-        pairs += [(src[i], tgt[i]) for i in rng.sample(range(len(src)), count)]
-    pairs += rng.sample(ONE_TOKEN, counts[3])
-    src, tgt = corpora["train"]
-    if rng.random() < counts[4]:
-        start, parts = rng.randrange(len(src) - 10), rng.randint(*PARTS_OF_A_LONG_LINE)
-        pairs.append((" ".join(src[start:start + parts]), " ".join(tgt[start:start + parts])))
-    rng.shuffle(pairs)
-    return pairs
-
-
 def targets(options: dict, tgt_lines):
     """The -tgt lines of a setting, or None."""
     kind = options.get("tgt")
@@ -210,7 +177,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import logging
     logging.disable(logging.WARNING)
-    corpora = {name: (read(name, "en"), read(name, "de")) for name in CORPORA}
+    corpora = read_corpora()
     out = {"made_by": "tests/reference/make_onmt_py_hunt.py", "opennmt-py": onmt.__version__,
            "torch": torch.__version__, "size": size, "digests": {}, "cases": []}
     started = time.time()

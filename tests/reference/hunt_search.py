@@ -1,0 +1,135 @@
+"""What the fairseq and TensorFlow hunts (hunt_fairseq.py, hunt_tensorflow.py) and the test that
+replays their stored references (tests/test_search_hunts.py) share: the models made to misbehave,
+onmt_lite's side of a case, and the comparison of two n-best lists.
+
+A line is identical when every hypothesis has the same tokens, in the same order, and its score
+within SCORE_TOL. A line that is not is named a tie only where one is measured:
+
+- ``float tie``: the first hypotheses that differ score within TIE of each other: two
+  candidates whose scores agree to float32's last bits, summed in other orders by the two
+  toolkits (their batches differ in shape), may come in either order;
+- ``twins``: on the model whose generator gives every word from hunt_variant.TIES_FROM on the
+  same row, the first hypotheses that differ part at two such words (exactly equal
+  log-probabilities: which of them ``topk`` keeps depends on the layout of the whole row).
+
+Anything else is a difference, printed with both n-best lists.
+"""
+import os
+import sys
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [p for p in (HERE, ROOT) if p not in sys.path]
+
+from hunt_variant import KINDS, TIES_FROM, write_hunt_variant  # noqa: E402
+
+FIXTURES = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py")
+MODELS = [f"{fixture} {kind}" for fixture in ("transformer", "rnn") for kind in KINDS]
+SCORE_TOL = 1e-4
+TIE = 1e-5
+
+
+def available() -> bool:
+    return os.path.isfile(os.path.join(FIXTURES, "transformer.pt"))
+
+
+def write_models(work: str, names, expected: Optional[Dict[str, str]] = None):
+    """Writes the named variants into ``work``: (paths, digests). Refuses a model whose weights
+    are not the ones ``expected`` names (a torch whose seeded generator draws otherwise)."""
+    paths, digests = {}, {}
+    for name in names:
+        fixture, kind = name.split(" ", 1)
+        paths[name] = os.path.join(work, f"{fixture}-{kind.replace(' ', '-')}.pt")
+        digests[name] = write_hunt_variant(os.path.join(FIXTURES, f"{fixture}.pt"), paths[name],
+                                           kind)
+        if expected and expected.get(name, digests[name]) != digests[name]:
+            raise RuntimeError(f"{name}: the variant's weights differ from the reference's")
+    return paths, digests
+
+
+def onmt_lite_nbest(path: str, src_lines: List[str], options: dict, batch: int,
+                    one_batch: bool) -> List[list]:
+    """onmt_lite's [[text, score], ...] per line; ``one_batch``: each run of ``batch`` lines is
+    decoded as one batch (a toolkit whose stop rule looks at the whole batch)."""
+    from onmt_lite.translate import build_translator
+    translator = build_translator({"model": path, **options})
+    if one_batch:  # the toolkit's batches: runs of the non-empty lines
+        lines = [line for line in src_lines if line.split()]
+        decoded = []
+        for first in range(0, len(lines), batch):
+            decoded += translator.translate(lines[first:first + batch], batch_size=batch)
+        empty = translator.translate([""])[0]
+        decoded = iter(decoded)
+        results = [next(decoded) if line.split() else empty for line in src_lines]
+    else:
+        results = translator.translate(src_lines, batch_size=batch)
+    return [[[" ".join(p), s] for p, s in zip(r.preds, r.scores)] for r in results]
+
+
+def tied_words(path: str) -> frozenset:
+    """The target words the ``ties`` variant gives one generator row."""
+    from onmt_lite.checkpoint import load_model
+    _, ckpt = load_model(path)
+    return frozenset(ckpt.tgt_vocab.itos[TIES_FROM:])
+
+
+def classify(ours: List[list], theirs: List[list], twins: frozenset = frozenset()):
+    """("identical" | "float tie" | "twins" | "difference", the first hypotheses that differ)."""
+    if len(ours) == len(theirs) and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= SCORE_TOL for a, b in zip(ours, theirs)):
+        return "identical", None
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs))
+                  if a[0] != b[0] or abs(a[1] - b[1]) > SCORE_TOL), min(len(ours), len(theirs)))
+    if first == min(len(ours), len(theirs)):  # one list is the other's start
+        return "difference", {"rank": first, "onmt_lite": ours[first:first + 1],
+                              "theirs": theirs[first:first + 1]}
+    a, b = ours[first], theirs[first]
+    detail = {"rank": first, "onmt_lite": a, "theirs": b}
+    if abs(a[1] - b[1]) <= TIE:
+        return "float tie", detail
+    words_a, words_b = a[0].split(), b[0].split()
+    part = next((i for i, (x, y) in enumerate(zip(words_a, words_b)) if x != y), None)
+    if part is not None and words_a[part] in twins and words_b[part] in twins:
+        return "twins", dict(detail, words=[words_a[part], words_b[part]])
+    return "difference", detail
+
+
+def compare_case(case: dict, ours: List[list]) -> dict:
+    """One (setting, model): counts per kind and the lines that differ."""
+    report = {"setting": case["setting"], "model": case["model"], "lines": 0, "identical": 0,
+              "float tie": 0, "twins": 0, "empty": 0, "differences": [], "ties": []}
+    twins = case.get("twins", frozenset())
+    theirs = iter(case["nbest"])
+    for src, mine in zip(case["src"], ours):
+        if not src.split():  # not decoded by the toolkit (see each hunt's docstring)
+            report["empty"] += 1
+            assert all(text == "" for text, _ in mine), mine
+            continue
+        report["lines"] += 1
+        kind, detail = classify(mine, next(theirs), twins)
+        if kind == "identical":
+            report["identical"] += 1
+        elif kind == "difference":
+            report["differences"].append({"src": src, **detail})
+        else:
+            report[kind] += 1
+            report["ties"].append({"src": src, "kind": kind, **detail})
+    assert next(theirs, None) is None, "more reference lines than non-empty source lines"
+    return report
+
+
+def table(reports: List[dict], toolkit: str) -> str:
+    rows = [f"| setting | model | lines | identical | {toolkit} differences | named ties |",
+            "|---|---|---|---|---|---|"]
+    for r in reports:
+        named = ", ".join(f"{r[k]} {k}" for k in ("float tie", "twins") if r[k])
+        rows.append(f"| {r['setting']} | {r['model']} | {r['lines']} | "
+                    f"{r['identical'] / max(r['lines'], 1):.1%} | {len(r['differences'])} | "
+                    f"{named} |")
+    total = sum(r["lines"] for r in reports)
+    identical = sum(r["identical"] for r in reports)
+    ties = sum(r["float tie"] + r["twins"] for r in reports)
+    rows.append(f"| all ({len(reports)} cases) | | {total} | {identical / max(total, 1):.2%} | "
+                f"{sum(len(r['differences']) for r in reports)} | {ties} |")
+    return "\n".join(rows)
