@@ -179,5 +179,7 @@ def build_search(preset: Preset, opt, *, batch: int, vocab, max_length: int,
         selection = TopK(width_factor=rule.width_factor, exact=True, lowest_first=greedy)
     else:
         rule = AliveFinished(eos, max_length, opt.n_best, opt.alpha)
-        selection = TopK(width_factor=rule.width_factor, exact=True)
+        # official/nlp/modeling/ops/beam_search.py _grow_alive_seq: tf.nn.top_k over the beam x
+        # vocabulary, which puts the lower index first among equal scores
+        selection = TopK(width_factor=rule.width_factor, exact=True, lowest_first=True)
     return Search(rule, processors, candidate_processors, selection, on_logits)

@@ -8,7 +8,9 @@ with ``max_len_a`` 0), ``no_repeat_ngram_size`` 1 to 3, diverse beam search (2 t
 strength 0.2 to 2) and batch sizes. Some settings leave fairseq's own defaults to it (``min_len``
 1, ``max_len_b`` 200, ``len_penalty`` 1): onmt_lite's ``-search fairseq`` must take the same.
 
-An empty line is not decoded: onmt_lite answers it with an empty hypothesis, and fairseq's
+onmt_lite decodes fairseq's batches (its rule does not look across a batch, but the float sums
+of a sentence's log-probabilities depend on its batch's padded length, and a near tie at the
+beam's boundary may fall either way in another batch). An empty line is not decoded: onmt_lite answers it with an empty hypothesis, and fairseq's
 command line would give the model ``</s>`` alone, a source an OpenNMT-py model never saw.
 
 Run in the fairseq side environment (setup_fairseq.sh), from the repository root:
@@ -137,12 +139,13 @@ def main() -> None:
                 continue
             for model in models:
                 src = [s for s, _ in lines_for(name, model, size, corpora)]
-                case = {"setting": name, "model": model, "batch": batch,
+                case = {"setting": name, "model": model, "batch": batch, "one_batch": True,
                         "options": onmt_lite_options(fairseq_args), "src": src,
                         "nbest": fairseq_nbest(paths[model], src, fairseq_args, batch)}
                 out["cases"].append(case)
-                ours = onmt_lite_nbest(paths[model], src, case["options"], batch, one_batch=False)
-                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours))
+                ours = onmt_lite_nbest(paths[model], src, case["options"], batch, one_batch=True)
+                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
+                                            paths[model]))
                 print(f"{time.time() - started:7.1f}s {name} | {model}: {len(src)} lines, "
                       f"{reports[-1]['identical']}/{reports[-1]['lines']} identical",
                       file=sys.stderr, flush=True)

@@ -3,11 +3,15 @@ replays their stored references (tests/test_search_hunts.py) share: the models m
 onmt_lite's side of a case, and the comparison of two n-best lists.
 
 A line is identical when every hypothesis has the same tokens, in the same order, and its score
-within SCORE_TOL. A line that is not is named a tie only where one is measured:
+within SCORE_TOL (or float32's precision of a large score: RELATIVE_TOL of it, as for the
+hundreds of log-probabilities summed by a hypothesis that runs to the length limit). A line that is not is named a tie only where one is measured:
 
 - ``float tie``: the first hypotheses that differ score within TIE of each other: two
   candidates whose scores agree to float32's last bits, summed in other orders by the two
   toolkits (their batches differ in shape), may come in either order;
+- ``boundary tie``: at some step of the line's search, the last candidate kept and the first
+  one dropped score within TIE of each other (measured by decoding the line again, recording each
+  step's gap): which of the two survives is float32 rounding, and all that follows differs;
 - ``twins``: on the model whose generator gives every word from hunt_variant.TIES_FROM on the
   same row, the first hypotheses that differ part at two such words (exactly equal
   log-probabilities: which of them ``topk`` keeps depends on the layout of the whole row).
@@ -27,6 +31,7 @@ from hunt_variant import KINDS, TIES_FROM, write_hunt_variant  # noqa: E402
 FIXTURES = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py")
 MODELS = [f"{fixture} {kind}" for fixture in ("transformer", "rnn") for kind in KINDS]
 SCORE_TOL = 1e-4
+RELATIVE_TOL = 1e-6
 TIE = 1e-5
 
 
@@ -67,6 +72,33 @@ def onmt_lite_nbest(path: str, src_lines: List[str], options: dict, batch: int,
     return [[[" ".join(p), s] for p, s in zip(r.preds, r.scores)] for r in results]
 
 
+def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
+    """The smallest gap, over every step of decoding ``src_lines`` as one batch, between the
+    last candidate the search keeps and the first it drops."""
+    import math
+
+    from onmt_lite.search import presets
+    from onmt_lite.search.candidates import TopK
+    gaps = []
+
+    class Measured(TopK):
+        def pick(self, scores, k):
+            flat = scores.reshape(scores.size(0), -1)
+            width = min(self.width_factor * k, flat.size(1))
+            if flat.size(1) > width:
+                edge = flat.topk(width + 1, dim=1).values
+                gaps.extend(a - b for a, b in zip(edge[:, width - 1].tolist(),
+                                                  edge[:, width].tolist()) if math.isfinite(b))
+            return super().pick(scores, k)
+
+    real, presets.TopK = presets.TopK, Measured
+    try:
+        onmt_lite_nbest(path, src_lines, options, len(src_lines), one_batch=True)
+    finally:
+        presets.TopK = real
+    return min(gaps, default=math.inf)
+
+
 def tied_words(path: str) -> frozenset:
     """The target words the ``ties`` variant gives one generator row."""
     from onmt_lite.checkpoint import load_model
@@ -76,11 +108,13 @@ def tied_words(path: str) -> frozenset:
 
 def classify(ours: List[list], theirs: List[list], twins: frozenset = frozenset()):
     """("identical" | "float tie" | "twins" | "difference", the first hypotheses that differ)."""
-    if len(ours) == len(theirs) and all(
-            a[0] == b[0] and abs(a[1] - b[1]) <= SCORE_TOL for a, b in zip(ours, theirs)):
+    def same(a, b):
+        return a[0] == b[0] and abs(a[1] - b[1]) <= max(SCORE_TOL, RELATIVE_TOL * abs(b[1]))
+
+    if len(ours) == len(theirs) and all(same(a, b) for a, b in zip(ours, theirs)):
         return "identical", None
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs))
-                  if a[0] != b[0] or abs(a[1] - b[1]) > SCORE_TOL), min(len(ours), len(theirs)))
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if not same(a, b)),
+                 min(len(ours), len(theirs)))
     if first == min(len(ours), len(theirs)):  # one list is the other's start
         return "difference", {"rank": first, "onmt_lite": ours[first:first + 1],
                               "theirs": theirs[first:first + 1]}
@@ -95,10 +129,13 @@ def classify(ours: List[list], theirs: List[list], twins: frozenset = frozenset(
     return "difference", detail
 
 
-def compare_case(case: dict, ours: List[list]) -> dict:
-    """One (setting, model): counts per kind and the lines that differ."""
+def compare_case(case: dict, ours: List[list], path: Optional[str] = None) -> dict:
+    """One (setting, model): counts per kind and the lines that differ; with the model's
+    ``path``, a line that differs is decoded again to measure its boundary gaps."""
     report = {"setting": case["setting"], "model": case["model"], "lines": 0, "identical": 0,
-              "float tie": 0, "twins": 0, "empty": 0, "differences": [], "ties": []}
+              "float tie": 0, "boundary tie": 0, "twins": 0, "empty": 0, "differences": [],
+              "ties": []}
+    decoded = [line for line in case["src"] if line.split()]
     twins = case.get("twins", frozenset())
     theirs = iter(case["nbest"])
     for src, mine in zip(case["src"], ours):
@@ -108,6 +145,14 @@ def compare_case(case: dict, ours: List[list]) -> dict:
             continue
         report["lines"] += 1
         kind, detail = classify(mine, next(theirs), twins)
+        if kind == "difference" and path is not None:
+            batch = [src]  # a stop rule that looks at the whole batch: the line's own batch
+            if case.get("one_batch"):
+                first = decoded.index(src) // case["batch"] * case["batch"]
+                batch = decoded[first:first + case["batch"]]
+            gap = boundary_gap(path, batch, case["options"])
+            if gap < TIE:
+                kind, detail = "boundary tie", dict(detail, gap=gap)
         if kind == "identical":
             report["identical"] += 1
         elif kind == "difference":
@@ -123,13 +168,13 @@ def table(reports: List[dict], toolkit: str) -> str:
     rows = [f"| setting | model | lines | identical | {toolkit} differences | named ties |",
             "|---|---|---|---|---|---|"]
     for r in reports:
-        named = ", ".join(f"{r[k]} {k}" for k in ("float tie", "twins") if r[k])
+        named = ", ".join(f"{r[k]} {k}" for k in ("float tie", "boundary tie", "twins") if r[k])
         rows.append(f"| {r['setting']} | {r['model']} | {r['lines']} | "
                     f"{r['identical'] / max(r['lines'], 1):.1%} | {len(r['differences'])} | "
                     f"{named} |")
     total = sum(r["lines"] for r in reports)
     identical = sum(r["identical"] for r in reports)
-    ties = sum(r["float tie"] + r["twins"] for r in reports)
+    ties = sum(r["float tie"] + r["boundary tie"] + r["twins"] for r in reports)
     rows.append(f"| all ({len(reports)} cases) | | {total} | {identical / max(total, 1):.2%} | "
                 f"{sum(len(r['differences']) for r in reports)} | {ties} |")
     return "\n".join(rows)

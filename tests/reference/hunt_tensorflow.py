@@ -88,6 +88,8 @@ def tensorflow_nbest(model_path: str, src_lines, beam: int, alpha: float, max_le
             out.append([])
             for seq, score in zip(sentence, sentence_scores):
                 seq = seq[1:]  # the start token
+                if score <= -1e6 and not any(seq):  # a finished slot nothing filled: the
+                    seq = []  # zeros it starts with, scored -1e7; onmt_lite returns it empty
                 seq = seq[:seq.index(tgt_vocab.eos)] if tgt_vocab.eos in seq else seq
                 out[-1].append([" ".join(tgt_vocab.decode(seq)), round(score, 6)])
     return out
@@ -123,7 +125,8 @@ def main() -> None:
                                                   batch)}
                 out["cases"].append(case)
                 ours = onmt_lite_nbest(paths[model], src, case["options"], batch, one_batch=True)
-                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours))
+                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
+                                            paths[model]))
                 print(f"{time.time() - started:7.1f}s {name} | {model}: {len(src)} lines, "
                       f"{reports[-1]['identical']}/{reports[-1]['lines']} identical",
                       file=sys.stderr, flush=True)

@@ -17,7 +17,9 @@ other OpenNMT-py references).
 One thing is not as it ships: fairseq's no_repeat_ngram_size on CPU (its Python fallback of the
 CUDA kernel) reads the last n-1 entries of the whole token buffer, which are padding until the
 end, so it blocks nothing; the case that uses it hands the fallback the tokens so far, which is
-what the CUDA kernel reads (it indexes the buffer by step).
+what the CUDA kernel reads (it indexes the buffer by step). With a size of 1 the fallback bans
+nothing even so (its last n - 1 tokens, ``tokens[-0:]``, are the whole list), where the kernel
+bans every token so far: the case bans them as the kernel does.
 
 fairseq is not a dependency, and 0.12.2 needs small fixes to build on Python 3.11 (its config
 dataclasses' defaults, numpy's removed aliases; none in its search code): setup_fairseq.sh,
@@ -71,6 +73,10 @@ class TokensSoFar(torch.nn.Module):
         self.blocker = blocker
 
     def forward(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+        if self.blocker.no_repeat_ngram_size == 1:
+            # the fallback's last n - 1 tokens, tokens[-0:], are the whole list: it bans nothing;
+            # the kernel (one thread per position so far, nothing to compare) bans every token
+            return lprobs.scatter_(1, tokens[:, :step + 1], float("-inf"))
         return self.blocker(tokens[:, :step + 1], lprobs, bsz, beam_size, step)
 
 
