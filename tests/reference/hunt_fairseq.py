@@ -10,8 +10,9 @@ strength 0.2 to 2) and batch sizes. Some settings leave fairseq's own defaults t
 
 onmt_lite decodes fairseq's batches (its rule does not look across a batch, but the float sums
 of a sentence's log-probabilities depend on its batch's padded length, and a near tie at the
-beam's boundary may fall either way in another batch). An empty line is not decoded: onmt_lite answers it with an empty hypothesis, and fairseq's
-command line would give the model ``</s>`` alone, a source an OpenNMT-py model never saw.
+beam's boundary may fall either way in another batch). An empty line is not decoded: onmt_lite
+answers it with an empty hypothesis, and fairseq's command line would give the model ``</s>``
+alone, a source an OpenNMT-py model never saw.
 
 Run in the fairseq side environment (setup_fairseq.sh), from the repository root:
 

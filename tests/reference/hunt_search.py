@@ -4,14 +4,16 @@ onmt_lite's side of a case, and the comparison of two n-best lists.
 
 A line is identical when every hypothesis has the same tokens, in the same order, and its score
 within SCORE_TOL (or float32's precision of a large score: RELATIVE_TOL of it, as for the
-hundreds of log-probabilities summed by a hypothesis that runs to the length limit). A line that is not is named a tie only where one is measured:
+hundreds of log-probabilities summed by a hypothesis that runs to the length limit). A line
+that is not is named a tie only where one is measured:
 
 - ``float tie``: the first hypotheses that differ score within TIE of each other: two
   candidates whose scores agree to float32's last bits, summed in other orders by the two
   toolkits (their batches differ in shape), may come in either order;
-- ``boundary tie``: at some step of the line's search, the last candidate kept and the first
-  one dropped score within TIE of each other (measured by decoding the line again, recording each
-  step's gap): which of the two survives is float32 rounding, and all that follows differs;
+- ``boundary tie``: at some step of the search of the line's batch, the last candidate kept and
+  the first one dropped (of the 2k candidates, or of the first k within them) score within TIE of
+  each other (measured by decoding the batch again, recording each step's gaps): which of the
+  two survives is float32 rounding, and all that follows differs;
 - ``twins``: on the model whose generator gives every word from hunt_variant.TIES_FROM on the
   same row, the first hypotheses that differ part at two such words (exactly equal
   log-probabilities: which of them ``topk`` keeps depends on the layout of the whole row).
@@ -85,10 +87,12 @@ def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
         def pick(self, scores, k):
             flat = scores.reshape(scores.size(0), -1)
             width = min(self.width_factor * k, flat.size(1))
-            if flat.size(1) > width:
-                edge = flat.topk(width + 1, dim=1).values
-                gaps.extend(a - b for a, b in zip(edge[:, width - 1].tolist(),
-                                                  edge[:, width].tolist()) if math.isfinite(b))
+            edge = flat.topk(min(width + 1, flat.size(1)), dim=1).values
+            # the 2k candidates' edge, and the beam's within them (fairseq finalizes the ends
+            # among the first k, TensorFlow keeps the first k that go on)
+            for last in {width - 1, k - 1} & set(range(edge.size(1) - 1)):
+                gaps.extend(a - b for a, b in zip(edge[:, last].tolist(),
+                                                  edge[:, last + 1].tolist()) if math.isfinite(b))
             return super().pick(scores, k)
 
     real, presets.TopK = presets.TopK, Measured
