@@ -148,7 +148,9 @@ def main() -> None:
                 reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
                                             paths[model]))
                 print(f"{time.time() - started:7.1f}s {name} | {model}: {len(src)} lines, "
-                      f"{reports[-1]['identical']}/{reports[-1]['lines']} identical",
+                      f"{reports[-1]['identical']}/{reports[-1]['lines']} identical, "
+                      f"{len(reports[-1]['ties'])} named ties, "
+                      f"{len(reports[-1]['differences'])} differences",
                       file=sys.stderr, flush=True)
     path = args.out or (os.path.join(tempfile.gettempdir(), "fairseq_hunt_full.json")
                         if args.full else os.path.join(HERE, "fairseq_hunt.json"))
