@@ -46,6 +46,7 @@ from onmt_lite.translate import build_translator  # noqa: E402
 
 MULTI30K = os.path.join(HERE, "..", "..", "..", "shared", "data", "multi30k")
 SCORE_TOLERANCE = 1e-4  # float32 sums of up to 40 log-probs, summed in other orders
+RELATIVE_TOLERANCE = 1e-6  # float32's precision of a large score (a long one scaled by its length)
 TIE = 1e-5  # two candidates this close are a coin toss between the two toolkits' float sums
 # name -> write_marian arguments (max_position_embeddings: room for the longest sources)
 MODELS = {
@@ -160,7 +161,7 @@ def classify(ours, theirs, twins=None):
                                                          f"{' '.join(their_tokens)}")
             return ("differs", rank, f"{' '.join(tokens)} ({score:.7f}) vs "
                                      f"{' '.join(their_tokens)} ({their_score:.7f})")
-        if abs(score - their_score) > SCORE_TOLERANCE:
+        if abs(score - their_score) > max(SCORE_TOLERANCE, RELATIVE_TOLERANCE * abs(their_score)):
             return ("differs", rank, f"score {score:.7f} vs {their_score:.7f}")
     return "same"
 
