@@ -11,9 +11,10 @@ that is not is named a tie only where one is measured:
   candidates whose scores agree to float32's last bits, summed in other orders by the two
   toolkits (their batches differ in shape), may come in either order;
 - ``boundary tie``: at some step of the search of the line's batch, the last candidate kept and
-  the first one dropped (of the 2k candidates, or of the first k within them) score within TIE of
-  each other (measured by decoding the batch again, recording each step's gaps): which of the
-  two survives is float32 rounding, and all that follows differs;
+  the first one dropped (of the 2k candidates, of the first k within them, or of any other
+  top-k the search takes, such as each diverse group's) score within TIE of each other
+  (measured by decoding the batch again, recording each step's gaps): which of the two
+  survives is float32 rounding, and all that follows differs;
 - ``twins``: on the model whose generator gives every word from hunt_variant.TIES_FROM on the
   same row, the first hypotheses that differ part at two such words (exactly equal
   log-probabilities: which of them ``topk`` keeps depends on the layout of the whole row).
@@ -79,6 +80,8 @@ def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
     last candidate the search keeps and the first it drops."""
     import math
 
+    import torch
+
     from onmt_lite.search import presets
     from onmt_lite.search.candidates import TopK
     gaps = []
@@ -95,11 +98,20 @@ def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
                                                   edge[:, last + 1].tolist()) if math.isfinite(b))
             return super().pick(scores, k)
 
+    def measured_topk(tensor, k, dim=-1, largest=True, sorted=True):
+        """Any other top-k of the search (DiverseGroups' per group): its own edge."""
+        if largest and tensor.dim() == 2 and dim in (1, -1) and k < tensor.size(1):
+            edge = real_topk(tensor, k + 1, dim=1).values
+            gaps.extend(a - b for a, b in zip(edge[:, k - 1].tolist(), edge[:, k].tolist())
+                        if math.isfinite(b))
+        return real_topk(tensor, k, dim, largest, sorted)
+
     real, presets.TopK = presets.TopK, Measured
+    real_topk, torch.Tensor.topk = torch.Tensor.topk, measured_topk
     try:
         onmt_lite_nbest(path, src_lines, options, len(src_lines), one_batch=True)
     finally:
-        presets.TopK = real
+        presets.TopK, torch.Tensor.topk = real, real_topk
     return min(gaps, default=math.inf)
 
 
