@@ -404,3 +404,17 @@ def test_no_thread_options_leave_the_layout_to_the_machine(options, inter_thread
         translate_cli.run(translate_cli.parse_with_config(translate_cli.build_parser(), [
             "-model", "m.pt", "-src", str(src), "-output", str(tmp_path / "o"), *options]))
     assert given["inter_threads"] == inter_threads
+
+
+def test_token_batches_count_the_target_with_tgt(tiny_model):
+    """-batch_type tokens with -tgt: a line's length is its source's or its target's with <s>
+    and </s>, whichever is longer, and the batch's longest line sets its cost, as OpenNMT-py's
+    batch_iter (max_src_tgt) counts."""
+    from onmt_lite.translate import build_translator
+    translator = build_translator({"model": tiny_model})
+    src = [["a", "b"], ["a", "c"], ["b", "c"]]
+    tgt = [["x"] * 8, ["x"], ["y"]]
+    # sorted by (source, target + 2): lines 1, 2 (3 tokens), then 0 (10): 3 x 10 > 12
+    assert list(translator._batches(src, tgt, 12, "tokens")) == [[1, 2], [0]]
+    assert list(translator._batches(src, None, 12, "tokens")) == [[0, 1, 2]]
+    assert list(translator._batches(src, tgt, 2, "sents")) == [[1, 2], [0]]

@@ -386,19 +386,29 @@ class Translator:
     def _batches(self, src_tokens, tgt_tokens, batch_size: int, batch_type: str):
         """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
         cuts consecutive batches, as OpenNMT-py does: ``batch_size`` sentences, or with
-        ``tokens`` as many as keep sentences x longest source within ``batch_size``."""
+        ``tokens`` as many as keep sentences x the batch's longest line within ``batch_size``,
+        a line's length being its source's or, with -tgt, its target's with <s> and </s> if
+        longer (onmt/inputters/dynamic_iterator.py batch_iter, max_src_tgt)."""
         order = [i for i, toks in enumerate(src_tokens) if not self.empty_source(toks)]
         if tgt_tokens is None:
             order.sort(key=lambda i: len(src_tokens[i]))
         else:
             order.sort(key=lambda i: (len(src_tokens[i]), len(tgt_tokens[i]) + 2))
+
+        def length(i: int) -> int:
+            if batch_type != "tokens":
+                return 1
+            return len(src_tokens[i]) if tgt_tokens is None else max(len(src_tokens[i]),
+                                                                      len(tgt_tokens[i]) + 2)
         batch: List[int] = []
-        for i in order:  # ascending source length: line i is the longest of its batch so far
-            size = (len(batch) + 1) * (len(src_tokens[i]) if batch_type == "tokens" else 1)
+        longest = 0
+        for i in order:
+            size = (len(batch) + 1) * max(longest, length(i))
             if batch and size > batch_size:
                 yield batch
-                batch = []
+                batch, longest = [], 0
             batch.append(i)
+            longest = max(longest, length(i))
         if batch:
             yield batch
         empties = [i for i, toks in enumerate(src_tokens) if self.empty_source(toks)]
