@@ -22,20 +22,12 @@ Run in the fairseq side environment (setup_fairseq.sh), from the repository root
 Both print a table (hunt_search.py names the ties); tests/test_search_hunts.py replays the stored
 reference.
 """
-import argparse
-import json
-import os
-import sys
-import tempfile
-import time
-
 import fairseq
 import torch
 from fairseq import search
 from fairseq.models import FairseqEncoderDecoderModel
 from fairseq.sequence_generator import SequenceGenerator
-from hunt_lines import lines_for, read_corpora
-from hunt_search import HERE, MODELS, compare_case, onmt_lite_nbest, table, tied_words, write_models
+from hunt_search import padded, run_hunt
 from make_fairseq import Decoder, Dictionary, Encoder, TokensSoFar
 
 from onmt_lite.checkpoint import load_model
@@ -103,11 +95,7 @@ def fairseq_nbest(model_path: str, src_lines, args: dict, batch: int):
     lines = [line.split() for line in src_lines if line.split()]
     out = []
     for first in range(0, len(lines), batch):
-        ids = [src_vocab.encode(line) for line in lines[first:first + batch]]
-        src_len = torch.tensor([len(x) for x in ids])
-        src = torch.full((len(ids), int(src_len.max())), src_vocab.pad, dtype=torch.long)
-        for row, x in enumerate(ids):
-            src[row, :len(x)] = torch.tensor(x)
+        src, src_len = padded(src_vocab, lines[first:first + batch])
         sample = {"net_input": {"src_tokens": src, "src_lengths": src_len}}
         with torch.no_grad():
             results = generator.generate([wrapped], sample, bos_token=tgt_vocab.bos)
@@ -118,51 +106,9 @@ def fairseq_nbest(model_path: str, src_lines, args: dict, batch: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="~100 lines per case; the "
-                        "reference goes to a temporary file")
-    parser.add_argument("--out", help="where to write the reference")
-    parser.add_argument("--settings", help="only the settings whose names contain this")
-    parser.add_argument("--models", help="only the models whose names contain this")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("HUNT_THREADS", "2")))
-    size = "full" if args.full else "default"
-    corpora = read_corpora()
-    out = {"made_by": "tests/reference/hunt_fairseq.py", "fairseq": fairseq.__version__,
-           "torch": torch.__version__, "size": size, "digests": {}, "cases": []}
-    reports, started = [], time.time()
-    with tempfile.TemporaryDirectory() as work:
-        models = [m for m in MODELS if not args.models or args.models in m]
-        paths, out["digests"] = write_models(work, models)
-        twins = {m: tied_words(paths[m]) for m in models if m.endswith("ties")}
-        for name, fairseq_args, batch in SETTINGS:
-            if args.settings and args.settings not in name:
-                continue
-            for model in models:
-                src = [s for s, _ in lines_for(name, model, size, corpora)]
-                case = {"setting": name, "model": model, "batch": batch, "one_batch": True,
-                        "options": onmt_lite_options(fairseq_args), "src": src,
-                        "nbest": fairseq_nbest(paths[model], src, fairseq_args, batch)}
-                out["cases"].append(case)
-                ours = onmt_lite_nbest(paths[model], src, case["options"], batch, one_batch=True)
-                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
-                                            paths[model]))
-                print(f"{time.time() - started:7.1f}s {name} | {model}: {len(src)} lines, "
-                      f"{reports[-1]['identical']}/{reports[-1]['lines']} identical, "
-                      f"{len(reports[-1]['ties'])} named ties, "
-                      f"{len(reports[-1]['differences'])} differences",
-                      file=sys.stderr, flush=True)
-    path = args.out or (os.path.join(tempfile.gettempdir(), "fairseq_hunt_full.json")
-                        if args.full else os.path.join(HERE, "fairseq_hunt.json"))
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
-    print(table(reports, "fairseq"))
-    for r in reports:
-        for d in r["differences"][:3] + r["ties"][:1]:
-            print(json.dumps({"setting": r["setting"], "model": r["model"], **d},
-                             ensure_ascii=False))
-    print(f"wrote {path}", file=sys.stderr)
+    run_hunt(__doc__, "fairseq", "fairseq", {"fairseq": fairseq.__version__},
+             [(name, batch, onmt_lite_options(args), args) for name, args, batch in SETTINGS],
+             fairseq_nbest)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,17 @@ def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
     return min(gaps, default=math.inf)
 
 
+def padded(src_vocab, lines: List[List[str]]):
+    """Token lines -> their ids (B, longest) padded, and their lengths (B,)."""
+    import torch
+    ids = [src_vocab.encode(line) for line in lines]
+    src_len = torch.tensor([len(x) for x in ids])
+    src = torch.full((len(ids), int(src_len.max())), src_vocab.pad, dtype=torch.long)
+    for row, x in enumerate(ids):
+        src[row, :len(x)] = torch.tensor(x)
+    return src, src_len
+
+
 def tied_words(path: str) -> frozenset:
     """The target words the ``ties`` variant gives one generator row."""
     from onmt_lite.checkpoint import load_model
@@ -194,3 +205,62 @@ def table(reports: List[dict], toolkit: str) -> str:
     rows.append(f"| all ({len(reports)} cases) | | {total} | {identical / max(total, 1):.2%} | "
                 f"{sum(len(r['differences']) for r in reports)} | {ties} |")
     return "\n".join(rows)
+
+
+def run_hunt(doc: str, toolkit: str, name: str, versions: dict, settings, their_nbest) -> None:
+    """The command line of a toolkit's hunt: for every setting (name, batch size, onmt_lite
+    options, the toolkit's own arguments) and model, the toolkit's n-best lists
+    (``their_nbest(model path, lines, arguments, batch size)``, one per non-empty line, in its
+    batches of ``batch size``) beside onmt_lite's on the same batches; writes the reference
+    (tests/reference/NAME_hunt.json, or with --full a temporary file) and prints the table."""
+    import argparse
+    import json
+    import tempfile
+    import time
+
+    import torch
+    from hunt_lines import lines_for, read_corpora
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="~100 lines per case; the "
+                        "reference goes to a temporary file")
+    parser.add_argument("--out", help="where to write the reference")
+    parser.add_argument("--settings", help="only the settings whose names contain this")
+    parser.add_argument("--models", help="only the models whose names contain this")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("HUNT_THREADS", "2")))
+    size = "full" if args.full else "default"
+    corpora = read_corpora()
+    out = {"made_by": f"tests/reference/hunt_{name}.py", **versions, "torch": torch.__version__,
+           "size": size, "digests": {}, "cases": []}
+    reports, started = [], time.time()
+    with tempfile.TemporaryDirectory() as work:
+        models = [m for m in MODELS if not args.models or args.models in m]
+        paths, out["digests"] = write_models(work, models)
+        twins = {m: tied_words(paths[m]) for m in models if m.endswith("ties")}
+        for setting, batch, options, their_args in settings:
+            if args.settings and args.settings not in setting:
+                continue
+            for model in models:
+                src = [s for s, _ in lines_for(setting, model, size, corpora)]
+                case = {"setting": setting, "model": model, "batch": batch, "one_batch": True,
+                        "options": options, "src": src,
+                        "nbest": their_nbest(paths[model], src, their_args, batch)}
+                out["cases"].append(case)
+                ours = onmt_lite_nbest(paths[model], src, options, batch, one_batch=True)
+                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
+                                            paths[model]))
+                r = reports[-1]
+                print(f"{time.time() - started:7.1f}s {setting} | {model}: {len(src)} lines, "
+                      f"{r['identical']}/{r['lines']} identical, {len(r['ties'])} named ties, "
+                      f"{len(r['differences'])} differences", file=sys.stderr, flush=True)
+    path = args.out or (os.path.join(tempfile.gettempdir(), f"{name}_hunt_full.json")
+                        if args.full else os.path.join(HERE, f"{name}_hunt.json"))
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(table(reports, toolkit))
+    for r in reports:
+        for d in r["differences"][:3] + r["ties"][:1]:
+            print(json.dumps({"setting": r["setting"], "model": r["model"], **d},
+                             ensure_ascii=False))
+    print(f"wrote {path}", file=sys.stderr)

@@ -20,17 +20,9 @@ repository root:
 Both print a table (hunt_search.py names the ties); tests/test_search_hunts.py replays the stored
 reference.
 """
-import argparse
-import json
-import os
-import sys
-import tempfile
-import time
-
 import tensorflow as tf
 import torch
-from hunt_lines import lines_for, read_corpora
-from hunt_search import HERE, MODELS, compare_case, onmt_lite_nbest, table, tied_words, write_models
+from hunt_search import padded, run_hunt
 from make_tensorflow import beam_search
 
 from onmt_lite.checkpoint import load_model
@@ -65,11 +57,7 @@ def tensorflow_nbest(model_path: str, src_lines, beam: int, alpha: float, max_le
     lines = [line.split() for line in src_lines if line.split()]
     out = []
     for first in range(0, len(lines), batch):
-        ids = [src_vocab.encode(line) for line in lines[first:first + batch]]
-        src_len = torch.tensor([len(x) for x in ids])
-        src = torch.full((len(ids), int(src_len.max())), src_vocab.pad, dtype=torch.long)
-        for row, x in enumerate(ids):
-            src[row, :len(x)] = torch.tensor(x)
+        src, src_len = padded(src_vocab, lines[first:first + batch])
         rows_src, rows_len = src.repeat_interleave(beam, 0), src_len.repeat_interleave(beam, 0)
         with torch.no_grad():
             memory, final = model.encode(rows_src, rows_len)
@@ -82,7 +70,7 @@ def tensorflow_nbest(model_path: str, src_lines, beam: int, alpha: float, max_le
             return tf.constant(logits.numpy()), cache
 
         seqs, scores = beam_search.sequence_beam_search(
-            symbols_to_logits, tf.fill([len(ids)], tgt_vocab.bos), {}, len(tgt_vocab), beam,
+            symbols_to_logits, tf.fill([len(src_len)], tgt_vocab.bos), {}, len(tgt_vocab), beam,
             alpha, max_length, tgt_vocab.eos)
         for sentence, sentence_scores in zip(seqs.numpy().tolist(), scores.numpy().tolist()):
             out.append([])
@@ -96,53 +84,12 @@ def tensorflow_nbest(model_path: str, src_lines, beam: int, alpha: float, max_le
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="~100 lines per case; the "
-                        "reference goes to a temporary file")
-    parser.add_argument("--out", help="where to write the reference")
-    parser.add_argument("--settings", help="only the settings whose names contain this")
-    parser.add_argument("--models", help="only the models whose names contain this")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("HUNT_THREADS", "2")))
-    size = "full" if args.full else "default"
-    corpora = read_corpora()
-    out = {"made_by": "tests/reference/hunt_tensorflow.py", "tensorflow": tf.__version__,
-           "beam_search": "tf-models-official 2.20 official/nlp/modeling/ops/beam_search.py",
-           "torch": torch.__version__, "size": size, "digests": {}, "cases": []}
-    reports, started = [], time.time()
-    with tempfile.TemporaryDirectory() as work:
-        models = [m for m in MODELS if not args.models or args.models in m]
-        paths, out["digests"] = write_models(work, models)
-        twins = {m: tied_words(paths[m]) for m in models if m.endswith("ties")}
-        for name, beam, alpha, max_length, batch in SETTINGS:
-            if args.settings and args.settings not in name:
-                continue
-            for model in models:
-                src = [s for s, _ in lines_for(name, model, size, corpora)]
-                case = {"setting": name, "model": model, "batch": batch, "one_batch": True,
-                        "options": onmt_lite_options(beam, alpha, max_length), "src": src,
-                        "nbest": tensorflow_nbest(paths[model], src, beam, alpha, max_length,
-                                                  batch)}
-                out["cases"].append(case)
-                ours = onmt_lite_nbest(paths[model], src, case["options"], batch, one_batch=True)
-                reports.append(compare_case(dict(case, twins=twins.get(model, ())), ours,
-                                            paths[model]))
-                print(f"{time.time() - started:7.1f}s {name} | {model}: {len(src)} lines, "
-                      f"{reports[-1]['identical']}/{reports[-1]['lines']} identical, "
-                      f"{len(reports[-1]['ties'])} named ties, "
-                      f"{len(reports[-1]['differences'])} differences",
-                      file=sys.stderr, flush=True)
-    path = args.out or (os.path.join(tempfile.gettempdir(), "tensorflow_hunt_full.json")
-                        if args.full else os.path.join(HERE, "tensorflow_hunt.json"))
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
-    print(table(reports, "TensorFlow"))
-    for r in reports:
-        for d in r["differences"][:3] + r["ties"][:1]:
-            print(json.dumps({"setting": r["setting"], "model": r["model"], **d},
-                             ensure_ascii=False))
-    print(f"wrote {path}", file=sys.stderr)
+    run_hunt(__doc__, "TensorFlow", "tensorflow", {
+        "tensorflow": tf.__version__,
+        "beam_search": "tf-models-official 2.20 official/nlp/modeling/ops/beam_search.py"},
+        [(name, batch, onmt_lite_options(beam, alpha, max_length), (beam, alpha, max_length))
+         for name, beam, alpha, max_length, batch in SETTINGS],
+        lambda path, src, args, batch: tensorflow_nbest(path, src, *args, batch))
 
 
 if __name__ == "__main__":
