@@ -179,8 +179,10 @@ class RefillBeams:
         normalised = normalised + (~finishing).float() * HF_EXCLUDED
         merged = torch.cat([self.best, normalised], dim=1)
         chosen = merged.topk(k, dim=1).indices
-        if bool(finishing.any()):
-            _take_finished(self.slots, chosen, width, path)
+        # generate() keeps whatever wins the merge, in the merge's order: a candidate that did
+        # not end wins a tie at -1e9 with an empty slot, or as NaN (every piece banned and
+        # renormalised), and is what it returns when nothing better ends (_update_finished_beams)
+        _take_finished(self.slots, chosen, width, path)
         self.best = merged.gather(1, chosen)
         self.is_finished = torch.cat([self.is_finished, finishing], dim=1).gather(1, chosen)
         # Can a running hypothesis still beat the worst finished one?
@@ -215,8 +217,9 @@ def _take_finished(slots: List[list], chosen: torch.Tensor, width: int,
     """Each sentence's k finished slots after a merge: ``chosen`` (n, k) indexes the old slots
     (below k) and then the step's candidates (k and up)."""
     k = len(slots[0])
+    unchanged = list(range(k))
     for i, picks in enumerate(chosen.tolist()):
-        if any(j >= k for j in picks):
+        if picks != unchanged:
             slots[i] = [slots[i][j] if j < k else path(i * width + j - k) for j in picks]
 
 

@@ -17,19 +17,25 @@ A line counts as identical, or as one of these named cases (each checked, never 
   splits on single spaces (text_corpus.py: ``example["src"].strip().split(" ")``), so that an
   empty token (``<unk>``) stands between the two spaces, where onmt_lite splits on whitespace;
   the line must then be identical with that token written as ``<unk>``;
-- ``tie``: candidates with exactly equal scores meet at the beam's boundary, and the default
+- ``tie``: the first hypotheses that differ score within FLOAT_TIE of each other (their order
+  is float32 rounding; scores are otherwise compared within SCORE_TOL, or RELATIVE_TOL of a
+  large score); or candidates with exactly equal scores meet at the beam's boundary, and the default
   selection (candidates.py top_candidates, which ranks the k best groups of tokens first) keeps
   another of them than ``torch.topk`` over all rows x V does (OpenNMT-py's beam_search.py
   ``_pick``). Neither order is a rule: equal scores make it a coin toss. The line must then be
   identical when onmt_lite's candidates are chosen by ``torch.topk`` over rows x V, and a tie
   must be measured at the boundary (the k-th and the next candidate's scores, printed); or
-  a line named in FLOAT_TIES, where the two candidates differ by float32 rounding only.
+  the line's own search meets a boundary gap below FLOAT_TIE at some step (measured on its
+  rows, printed): two candidates that differ by float32 rounding only, whose order depends on
+  the order of the additions and divisions (onmt_lite adds the running score and divides by
+  the length penalty in place; OpenNMT-py makes new tensors) and on the batch's float sums.
 
 OpenNMT-py's -block_ngram_repeat 1 blocks nothing (its table is keyed by the whole hypothesis),
 where onmt_lite blocks every repeated token (docs/onmt-py.md): those settings are compared with
 onmt_lite's -block_ngram_repeat 0, which must give OpenNMT-py's output.
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -42,18 +48,9 @@ sys.path[:0] = [p for p in (HERE, ROOT, os.path.join(ROOT, "tests")) if p not in
 SHARED = os.path.join(ROOT, "..", "shared")
 FIXTURES = os.path.join(SHARED, "fixtures", "onmt-py")
 SCORE_TOL = 1e-4
+RELATIVE_TOL = 1e-6  # float32's precision of a large score (hundreds of log-probs summed)
 DECODING_ONLY = ("batch_size", "batch_type", "tgt")
 FLOAT_TIE = 1e-5  # a boundary gap below this is float32 rounding (tests/parity.py's TIE)
-# Lines where two candidates at the beam's boundary differ by float32 rounding only: which one
-# survives depends on the order of the additions and divisions (onmt_lite adds the running
-# score and divides by the length penalty in place; OpenNMT-py makes new tensors), a coin toss.
-# Each is accepted only where such a gap is measured in its case.
-FLOAT_TIES = {
-    ("beam 12, 12 best, batch 7", "transformer random",
-     "two men converse near a wall with graffiti on it ."):
-        "a boundary gap of 2.4e-7 at beam 12: onmt_lite keeps two hypotheses scored -1.4593449 "
-        "and -1.4637413 that OpenNMT-py's search lost; the ten others agree within 1e-6",
-}
 
 
 def available() -> bool:
@@ -105,29 +102,45 @@ class Models:
 
 def exact_topk(translator):
     """``translator`` choosing its candidates by ``torch.topk`` over rows x V, as OpenNMT-py
-    does, recording the boundary gaps (the k-th candidate's score less the next one's)."""
-    from onmt_lite.search import presets
+    does, recording the boundary gaps (the k-th candidate's score less the next one's): every
+    pair in ``boundary``, and in ``gaps`` each input line's smallest, from its own rows."""
+    import math
+
+    from onmt_lite.search import finishing, presets
     from onmt_lite.search.candidates import TopK
+    live = {}  # the batch's input lines, and the one at each live position of the step
 
     class ExactTopK(TopK):
         def pick(self, scores, k):
             flat = scores.reshape(scores.size(0), -1)
             if flat.size(1) > k:  # a call of its own: topk(k + 1) may order equal values otherwise
                 edge = flat.topk(k + 1, dim=1).values
-                translator.boundary.extend(zip(edge[:, k - 1].tolist(), edge[:, k].tolist()))
+                pairs = list(zip(edge[:, k - 1].tolist(), edge[:, k].tolist()))
+                translator.boundary.extend(pairs)
+                for row, (last, first_out) in enumerate(pairs):
+                    line = live["lines"][live["positions"][row]]
+                    if math.isfinite(first_out):
+                        translator.gaps[line] = min(translator.gaps.get(line, math.inf),
+                                                    last - first_out)
             return flat.topk(k, dim=1)
 
+    class RecordedSlots(finishing.OnmtSlots):
+        def rank(self, log_probs, step, attn):
+            live["positions"] = list(self.sentences)
+            return super().rank(log_probs, step, attn)
+
     class Exact(type(translator)):
-        def _translate_batch(self, *args, **kwargs):
-            real = presets.TopK
-            presets.TopK = ExactTopK
+        def _translate_batch(self, indices, *args, **kwargs):
+            real = presets.TopK, presets.OnmtSlots
+            presets.TopK, presets.OnmtSlots = ExactTopK, RecordedSlots
+            live["lines"] = indices
             try:
-                return super()._translate_batch(*args, **kwargs)
+                return super()._translate_batch(indices, *args, **kwargs)
             finally:
-                presets.TopK = real
+                presets.TopK, presets.OnmtSlots = real
 
     translator.__class__ = Exact
-    translator.boundary = []
+    translator.boundary, translator.gaps = [], {}
     return translator
 
 
@@ -141,9 +154,22 @@ def nbest_of(translation) -> List[list]:
     return [[" ".join(p), s] for p, s in zip(translation.preds, translation.scores)]
 
 
+def _same_hypothesis(a: list, b: list) -> bool:
+    """Tokens equal, scores within SCORE_TOL or float32's precision of a large score."""
+    return a[0] == b[0] and abs(a[1] - b[1]) <= max(SCORE_TOL, RELATIVE_TOL * abs(b[1]))
+
+
 def same(ours: List[list], theirs: List[list]) -> bool:
-    return len(ours) == len(theirs) and all(
-        a[0] == b[0] and abs(a[1] - b[1]) <= SCORE_TOL for a, b in zip(ours, theirs))
+    return len(ours) == len(theirs) and all(_same_hypothesis(a, b) for a, b in zip(ours, theirs))
+
+
+def float_tie(ours: List[list], theirs: List[list]) -> Optional[list]:
+    """The first hypotheses that differ, where their scores are within FLOAT_TIE (two
+    hypotheses whose order is float32 rounding); None otherwise."""
+    pairs = [(a, b) for a, b in zip(ours, theirs) if not _same_hypothesis(a, b)]
+    if len(ours) == len(theirs) and pairs and abs(pairs[0][0][1] - pairs[0][1][1]) <= FLOAT_TIE:
+        return list(pairs[0])
+    return None
 
 
 def compare_case(case: dict, models: Models) -> dict:
@@ -181,6 +207,13 @@ def compare_case(case: dict, models: Models) -> dict:
                     reference):
                 report["spaces"] += 1
                 continue
+        parted = float_tie(mine, reference)
+        if parted is not None:
+            report["tie"] += 1
+            report.setdefault("ties", []).append({"line": index, "src": src,
+                                                  "first that differ (onmt_lite, OpenNMT-py)":
+                                                  parted})
+            continue
         if exact is None:
             translator = models.translator(case["model"], options, exact=True)
             exact = _translate(translator, run)
@@ -190,9 +223,11 @@ def compare_case(case: dict, models: Models) -> dict:
             report.setdefault("ties", []).append({
                 "line": index, "src": src, "boundary ties in the case": len(ties),
                 "a tie (k-th, next)": ties[0], "onmt_lite": mine[0], "opennmt-py": reference[0]})
-        elif (case["setting"], case["model"], src) in FLOAT_TIES and \
-                min(abs(a - b) for a, b in translator.boundary) < FLOAT_TIE:
+        elif translator.gaps.get(index, math.inf) < FLOAT_TIE:
             report["tie"] += 1
+            report.setdefault("ties", []).append({
+                "line": index, "src": src, "boundary gap of the line": translator.gaps[index],
+                "onmt_lite": mine[0], "opennmt-py": reference[0]})
         elif buggy is not None and same(nbest_of(buggy[index]), reference):
             report["table bug"] += 1
         else:

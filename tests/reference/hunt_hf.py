@@ -18,7 +18,10 @@ candidates whose scores agree to the last bits of float32 may come in either ord
 tiny vocabulary, when they are "twins", the same but for tokens of equal embeddings and bias:
 torch.topk orders exactly equal candidates by the whole row's layout, which differs between
 the two toolkits' batches; what follows such a choice (penalties that count the tokens
-chosen) may then score differently.
+chosen) may then score differently; or, where the first hypotheses that differ score
+otherwise, when the line's own search (decoded alone) meets two candidates within TIE at the
+edge of those it keeps (hunt_search.boundary_gaps): which survives is a coin toss of float sums
+or of topk's order among equals, and all that follows differs.
 test_search_presets.py runs a quick subset of this hunt.
 """
 import argparse
@@ -33,6 +36,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from hunt_search import boundary_gaps  # noqa: E402
 from marian_dirs import (  # noqa: E402
     OPUS_GENERATION,
     SOURCES,
@@ -175,15 +179,32 @@ def compare(folder: str, lines, setting, model=None, tokenizer=None):
     expected = generate(model, tokenizer, lines, batch, **theirs_args)
     translator = build_translator({"model": folder, "search": "hf", **ours_args})
     results = translator.translate(lines, batch_size=batch)
-    eos = translator.tgt_vocab.specials["eos"]
+    eos, pad = translator.tgt_vocab.specials["eos"], translator.tgt_vocab.specials["pad"]
     out = []
     for line, result, theirs in zip(lines, results, expected):
+        # as generated_ids reads generate()'s rows: a hypothesis cut at the limit loses the
+        # pad pieces that end it (picked when every candidate scored NaN)
+        preds = [pred if their[0][-1:] == [eos] else _unpadded(pred, pad)
+                 for pred, their in zip(result.preds, theirs)]
         ours = [(pred + [eos] * (their[0][-1:] == [eos]), score)
-                for pred, score, their in zip(result.preds, result.scores, theirs)]
+                for pred, score, their in zip(preds, result.scores, theirs)]
         ours += [(pred, score) for pred, score in
                  zip(result.preds[len(theirs):], result.scores[len(theirs):])]
-        out.append((line, classify(ours, theirs, twin_pieces(folder))))
+        found = classify(ours, theirs, twin_pieces(folder))
+        if found != "same" and found[0] == "differs":
+            gap = boundary_gaps(folder, [line], {"search": "hf", **ours_args})[0]
+            if gap < TIE:  # the line's own search keeps one of two (near) equal candidates
+                found = ("tie", found[1], float("nan"), float("nan"),
+                         f"at the beam's edge, gap {gap:.1e}: {found[2]}")
+        out.append((line, found))
     return out
+
+
+def _unpadded(pieces, pad):
+    pieces = list(pieces)
+    while pieces and pieces[-1] == pad:
+        pieces.pop()
+    return pieces
 
 
 def write_models(folder: str, names=None):

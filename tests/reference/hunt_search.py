@@ -12,8 +12,10 @@ that is not is named a tie only where one is measured:
   toolkits (their batches differ in shape), may come in either order;
 - ``boundary tie``: at some step of the search of the line's batch, the last candidate kept and
   the first one dropped (of the 2k candidates, of the first k within them, or of any other
-  top-k the search takes, such as each diverse group's) score within TIE of each other
-  (measured by decoding the batch again, recording each step's gaps): which of the two
+  top-k the search takes, such as each diverse group's) score within TIE of each other, or
+  within the line's measured float noise where that is larger (how far its batch moves its
+  hypotheses' scores: the same hypothesis decoded in the batch and alone), measured on the
+  line's own rows by decoding the batch again, recording each step's gaps: which of the two
   survives is float32 rounding, and all that follows differs;
 - ``twins``: on the model whose generator gives every word from hunt_variant.TIES_FROM on the
   same row, the first hypotheses that differ part at two such words (exactly equal
@@ -75,16 +77,28 @@ def onmt_lite_nbest(path: str, src_lines: List[str], options: dict, batch: int,
     return [[[" ".join(p), s] for p, s in zip(r.preds, r.scores)] for r in results]
 
 
-def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
-    """The smallest gap, over every step of decoding ``src_lines`` as one batch, between the
-    last candidate the search keeps and the first it drops."""
+def boundary_gaps(path: str, src_lines: List[str], options: dict) -> List[float]:
+    """Per line of ``src_lines``, decoded as one batch: the smallest gap, over every step of its
+    own search (its rows of each step), between the last candidate the search keeps and the
+    first it drops."""
     import math
 
     import torch
 
-    from onmt_lite.search import presets
+    from onmt_lite.search import finishing, presets
     from onmt_lite.search.candidates import TopK
-    gaps = []
+    from onmt_lite.translate.translator import Translator
+    assert all(line.split() for line in src_lines), "every line is decoded (none empty)"
+    gaps = [math.inf] * len(src_lines)
+    state = {"lines": [], "live": []}  # the batch's lines; the one at each live position
+
+    def record(edge, last: int) -> None:
+        if edge.size(0) != len(state["live"]):
+            return  # not one row per sentence (a top-k inside another, of its own rows)
+        for row, (a, b) in enumerate(zip(edge[:, last].tolist(), edge[:, last + 1].tolist())):
+            line = state["lines"][state["live"][row]]
+            if math.isfinite(b):
+                gaps[line] = min(gaps[line], a - b)
 
     class Measured(TopK):
         def pick(self, scores, k):
@@ -94,25 +108,57 @@ def boundary_gap(path: str, src_lines: List[str], options: dict) -> float:
             # the 2k candidates' edge, and the beam's within them (fairseq finalizes the ends
             # among the first k, TensorFlow keeps the first k that go on)
             for last in {width - 1, k - 1} & set(range(edge.size(1) - 1)):
-                gaps.extend(a - b for a, b in zip(edge[:, last].tolist(),
-                                                  edge[:, last + 1].tolist()) if math.isfinite(b))
+                record(edge, last)
             return super().pick(scores, k)
 
     def measured_topk(tensor, k, dim=-1, largest=True, sorted=True):
         """Any other top-k of the search (DiverseGroups' per group): its own edge."""
         if largest and tensor.dim() == 2 and dim in (1, -1) and k < tensor.size(1):
-            edge = real_topk(tensor, k + 1, dim=1).values
-            gaps.extend(a - b for a, b in zip(edge[:, k - 1].tolist(), edge[:, k].tolist())
-                        if math.isfinite(b))
+            record(real_topk(tensor, k + 1, dim=1).values, k - 1)
         return real_topk(tensor, k, dim, largest, sorted)
+
+    def batch_steps(self, indices, *args, **kwargs):
+        state["lines"] = indices
+        return (yield from real_steps(self, indices, *args, **kwargs))
+
+    rules = [c for c in vars(finishing).values() if isinstance(c, type) and "keep" in vars(c)]
+    real_rules = {c: (c.start, c.keep) for c in rules}
+
+    def wrap(c):
+        start, keep = real_rules[c]
+
+        def started(self, batch, *args):
+            state["live"] = list(range(batch))
+            return start(self, batch, *args)
+
+        def kept(self, sentences, rows):
+            state["live"] = [state["live"][i] for i in sentences.tolist()]
+            return keep(self, sentences, rows)
+        return started, kept
 
     real, presets.TopK = presets.TopK, Measured
     real_topk, torch.Tensor.topk = torch.Tensor.topk, measured_topk
+    real_steps, Translator.batch_steps = Translator.batch_steps, batch_steps
+    for c in rules:
+        c.start, c.keep = wrap(c)
     try:
         onmt_lite_nbest(path, src_lines, options, len(src_lines), one_batch=True)
     finally:
-        presets.TopK, torch.Tensor.topk = real, real_topk
-    return min(gaps, default=math.inf)
+        presets.TopK, torch.Tensor.topk, Translator.batch_steps = real, real_topk, real_steps
+        for c, (start, keep) in real_rules.items():
+            c.start, c.keep = start, keep
+    return gaps
+
+
+def float_noise(path: str, batch: List[str], src: str, options: dict) -> float:
+    """How far the float sums of ``src``'s batch move its scores: the largest difference between
+    a hypothesis's score decoded in ``batch`` and alone (of the hypotheses both give)."""
+    if len(batch) == 1:
+        return 0.0
+    in_batch = onmt_lite_nbest(path, batch, options, len(batch), one_batch=True)[batch.index(src)]
+    alone = dict(onmt_lite_nbest(path, [src], options, 1, one_batch=True)[0])
+    return max((abs(score - alone[text]) for text, score in in_batch if text in alone),
+               default=0.0)
 
 
 def padded(src_vocab, lines: List[List[str]]):
@@ -177,9 +223,10 @@ def compare_case(case: dict, ours: List[list], path: Optional[str] = None) -> di
             if case.get("one_batch"):
                 first = decoded.index(src) // case["batch"] * case["batch"]
                 batch = decoded[first:first + case["batch"]]
-            gap = boundary_gap(path, batch, case["options"])
-            if gap < TIE:
-                kind, detail = "boundary tie", dict(detail, gap=gap)
+            gap = boundary_gaps(path, batch, case["options"])[batch.index(src)]
+            noise = float_noise(path, batch, src, case["options"]) if gap >= TIE else 0.0
+            if gap < max(TIE, noise):
+                kind, detail = "boundary tie", dict(detail, gap=gap, noise=noise)
         if kind == "identical":
             report["identical"] += 1
         elif kind == "difference":
