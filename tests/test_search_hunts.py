@@ -86,3 +86,18 @@ def test_a_tie_is_named_only_where_measured():
     assert hunt_search.classify([same[0]], [["ein kind", -1.2]],
                                 frozenset({"hund", "kind"}))[0] == "twins"
     assert hunt_search.classify(same, same[:1])[0] == "difference"
+
+
+def test_boundary_gaps_are_each_lines_own(tmp_path):
+    """A batch's gaps go to the line whose rows met them, through the batch's order by length
+    and the sentences that leave it: each line's gap in the batch is its gap alone (within the
+    batch's float noise)."""
+    paths, _ = hunt_search.write_models(str(tmp_path), ["transformer plain"])
+    path = paths["transformer plain"]
+    lines = ["a man is riding a bike down the street .", "two dogs .",
+             "a woman in a red dress sings on a stage while a band plays behind her .", "a boy ."]
+    for options in ({"search": "fairseq", "beam_size": 4}, {"beam_size": 3, "n_best": 2}):
+        in_batch = hunt_search.boundary_gaps(path, lines, options)
+        alone = [hunt_search.boundary_gaps(path, [line], options)[0] for line in lines]
+        assert in_batch == pytest.approx(alone, abs=1e-4), options
+        assert len(set(round(g, 3) for g in alone)) > 1  # the lines' gaps differ: a real check
