@@ -146,9 +146,15 @@ def generated_ids(sequence, eos: int, pad: int) -> list:
     generated = sequence[1:]
     if eos in generated:
         return generated[:generated.index(eos) + 1]
-    while generated and generated[-1] == pad:
-        generated.pop()
-    return generated
+    return without_trailing(generated, pad)
+
+
+def without_trailing(items, pad) -> list:
+    """``items`` without the ``pad`` items that end it (ids or pieces)."""
+    items = list(items)
+    while items and items[-1] == pad:
+        items.pop()
+    return items
 
 
 def run_generate(folder, sources, **kwargs):

@@ -11,6 +11,7 @@ from marian_dirs import (
     generated_ids,
     run_generate,
     sentences,
+    without_trailing,
     write_marian,
 )
 
@@ -168,19 +169,11 @@ def test_hf_search_returns_what_generate_does_when_every_piece_is_banned(renorma
         expected = hf_hypotheses(folder, lines, **theirs_args)
         pad = translator.tgt_vocab.specials["pad"]
         for line, result, theirs in zip(lines, results, expected):
-            ours = [(_without_trailing(pred, pad), score)
+            ours = [(without_trailing(pred, pad), score)  # as generated_ids reads generate()'s
                     for pred, score in zip(result.preds, result.scores)]
             assert [t for t, _ in ours] == [t for t, _ in theirs], (beam, line)
             for (_, score), (_, their_score) in zip(ours, theirs):
                 assert score == pytest.approx(their_score, abs=1e-4, nan_ok=True), (beam, line)
-
-
-def _without_trailing(pieces, pad):
-    """A hypothesis as generated_ids reads generate()'s rows: without the pad pieces that end it."""
-    pieces = list(pieces)
-    while pieces and pieces[-1] == pad:
-        pieces.pop()
-    return pieces
 
 
 def test_onmt_and_hf_searches_differ_where_their_rules_do(tmp_path):

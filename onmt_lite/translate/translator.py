@@ -403,8 +403,7 @@ class Translator:
         batch: List[int] = []
         longest = 0
         for i in order:
-            size = (len(batch) + 1) * max(longest, length(i))
-            if batch and size > batch_size:
+            if batch and (len(batch) + 1) * max(longest, length(i)) > batch_size:
                 yield batch
                 batch, longest = [], 0
             batch.append(i)

@@ -1,6 +1,7 @@
 """Compares onmt_lite's default search (-search onmt) with OpenNMT-py 3.5.1's n-best lists as
 make_onmt_py_hunt.py records them: every hypothesis's tokens, in order, and its score within
-SCORE_TOL. Used by tests/test_onmt_py_hunt.py and, with onmt_lite's python, as
+hunt_search.SCORE_TOL (or float32's precision of a large score). Used by
+tests/test_onmt_py_hunt.py and, with onmt_lite's python, as
 
     python tests/reference/hunt_compare.py REFERENCE.json
 
@@ -18,9 +19,10 @@ A line counts as identical, or as one of these named cases (each checked, never 
   empty token (``<unk>``) stands between the two spaces, where onmt_lite splits on whitespace;
   the line must then be identical with that token written as ``<unk>``;
 - ``tie``: the first hypotheses that differ score within FLOAT_TIE of each other (their order
-  is float32 rounding; scores are otherwise compared within SCORE_TOL, or RELATIVE_TOL of a
-  large score); or candidates with exactly equal scores meet at the beam's boundary, and the default
-  selection (candidates.py top_candidates, which ranks the k best groups of tokens first) keeps
+  is float32 rounding; scores are otherwise compared within hunt_search's SCORE_TOL, or
+  RELATIVE_TOL of a large score); or candidates with exactly equal scores meet at the beam's
+  boundary, and the default selection (candidates.py top_candidates, which ranks the k best
+  groups of tokens first) keeps
   another of them than ``torch.topk`` over all rows x V does (OpenNMT-py's beam_search.py
   ``_pick``). Neither order is a rule: equal scores make it a coin toss. The line must then be
   identical when onmt_lite's candidates are chosen by ``torch.topk`` over rows x V, and a tie
@@ -45,12 +47,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [p for p in (HERE, ROOT, os.path.join(ROOT, "tests")) if p not in sys.path]
 
+from hunt_search import TIE, LineGaps, same_hypothesis  # noqa: E402
+
 SHARED = os.path.join(ROOT, "..", "shared")
 FIXTURES = os.path.join(SHARED, "fixtures", "onmt-py")
-SCORE_TOL = 1e-4
-RELATIVE_TOL = 1e-6  # float32's precision of a large score (hundreds of log-probs summed)
 DECODING_ONLY = ("batch_size", "batch_type", "tgt")
-FLOAT_TIE = 1e-5  # a boundary gap below this is float32 rounding (tests/parity.py's TIE)
+FLOAT_TIE = TIE  # a boundary gap below this is float32 rounding (tests/parity.py's TIE)
 
 
 def available() -> bool:
@@ -79,7 +81,7 @@ class Models:
         self.paths, self.base = paths, {}
 
     def translator(self, model: str, options: dict, blocking_bug: bool = False,
-                   exact: bool = False):
+                   exact_gaps=None):
         from onmt_lite.translate.translator import DecodingOptions, Translator, build_translator
         if model not in self.base:
             self.base[model] = build_translator({"model": self.paths[model]})
@@ -95,52 +97,38 @@ class Models:
         if blocking_bug:
             import parity
             translator = parity.buggy_blocking_translator(translator)
-        if exact:
-            translator = exact_topk(translator)
+        if exact_gaps is not None:
+            translator = exact_topk(translator, exact_gaps)
         return translator
 
 
-def exact_topk(translator):
+def exact_topk(translator, gaps):
     """``translator`` choosing its candidates by ``torch.topk`` over rows x V, as OpenNMT-py
     does, recording the boundary gaps (the k-th candidate's score less the next one's): every
-    pair in ``boundary``, and in ``gaps`` each input line's smallest, from its own rows."""
-    import math
-
-    from onmt_lite.search import finishing, presets
+    pair in ``boundary``, and each line's own in ``gaps`` (a hunt_search.LineGaps)."""
+    from onmt_lite.search import presets
     from onmt_lite.search.candidates import TopK
-    live = {}  # the batch's input lines, and the one at each live position of the step
 
     class ExactTopK(TopK):
         def pick(self, scores, k):
             flat = scores.reshape(scores.size(0), -1)
             if flat.size(1) > k:  # a call of its own: topk(k + 1) may order equal values otherwise
                 edge = flat.topk(k + 1, dim=1).values
-                pairs = list(zip(edge[:, k - 1].tolist(), edge[:, k].tolist()))
-                translator.boundary.extend(pairs)
-                for row, (last, first_out) in enumerate(pairs):
-                    line = live["lines"][live["positions"][row]]
-                    if math.isfinite(first_out):
-                        translator.gaps[line] = min(translator.gaps.get(line, math.inf),
-                                                    last - first_out)
+                translator.boundary.extend(zip(edge[:, k - 1].tolist(), edge[:, k].tolist()))
+                gaps.record(edge, k - 1)
             return flat.topk(k, dim=1)
 
-    class RecordedSlots(finishing.OnmtSlots):
-        def rank(self, log_probs, step, attn):
-            live["positions"] = list(self.sentences)
-            return super().rank(log_probs, step, attn)
-
     class Exact(type(translator)):
-        def _translate_batch(self, indices, *args, **kwargs):
-            real = presets.TopK, presets.OnmtSlots
-            presets.TopK, presets.OnmtSlots = ExactTopK, RecordedSlots
-            live["lines"] = indices
+        def _translate_batch(self, *args, **kwargs):
+            real = presets.TopK
+            presets.TopK = ExactTopK
             try:
-                return super()._translate_batch(indices, *args, **kwargs)
+                return super()._translate_batch(*args, **kwargs)
             finally:
-                presets.TopK, presets.OnmtSlots = real
+                presets.TopK = real
 
     translator.__class__ = Exact
-    translator.boundary, translator.gaps = [], {}
+    translator.boundary = []
     return translator
 
 
@@ -154,19 +142,14 @@ def nbest_of(translation) -> List[list]:
     return [[" ".join(p), s] for p, s in zip(translation.preds, translation.scores)]
 
 
-def _same_hypothesis(a: list, b: list) -> bool:
-    """Tokens equal, scores within SCORE_TOL or float32's precision of a large score."""
-    return a[0] == b[0] and abs(a[1] - b[1]) <= max(SCORE_TOL, RELATIVE_TOL * abs(b[1]))
-
-
 def same(ours: List[list], theirs: List[list]) -> bool:
-    return len(ours) == len(theirs) and all(_same_hypothesis(a, b) for a, b in zip(ours, theirs))
+    return len(ours) == len(theirs) and all(same_hypothesis(a, b) for a, b in zip(ours, theirs))
 
 
 def float_tie(ours: List[list], theirs: List[list]) -> Optional[list]:
     """The first hypotheses that differ, where their scores are within FLOAT_TIE (two
     hypotheses whose order is float32 rounding); None otherwise."""
-    pairs = [(a, b) for a, b in zip(ours, theirs) if not _same_hypothesis(a, b)]
+    pairs = [(a, b) for a, b in zip(ours, theirs) if not same_hypothesis(a, b)]
     if len(ours) == len(theirs) and pairs and abs(pairs[0][0][1] - pairs[0][1][1]) <= FLOAT_TIE:
         return list(pairs[0])
     return None
@@ -215,18 +198,19 @@ def compare_case(case: dict, models: Models) -> dict:
                                                   parted})
             continue
         if exact is None:
-            translator = models.translator(case["model"], options, exact=True)
-            exact = _translate(translator, run)
+            with LineGaps() as gaps:
+                translator = models.translator(case["model"], options, exact_gaps=gaps)
+                exact = _translate(translator, run)
             ties = [pair for pair in translator.boundary if pair[0] == pair[1]]
         if ties and same(nbest_of(exact[index]), reference):
             report["tie"] += 1
             report.setdefault("ties", []).append({
                 "line": index, "src": src, "boundary ties in the case": len(ties),
                 "a tie (k-th, next)": ties[0], "onmt_lite": mine[0], "opennmt-py": reference[0]})
-        elif translator.gaps.get(index, math.inf) < FLOAT_TIE:
+        elif gaps.gaps.get(index, math.inf) < FLOAT_TIE:
             report["tie"] += 1
             report.setdefault("ties", []).append({
-                "line": index, "src": src, "boundary gap of the line": translator.gaps[index],
+                "line": index, "src": src, "boundary gap of the line": gaps.gaps[index],
                 "onmt_lite": mine[0], "opennmt-py": reference[0]})
         elif buggy is not None and same(nbest_of(buggy[index]), reference):
             report["table bug"] += 1

@@ -36,22 +36,20 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from hunt_search import boundary_gaps  # noqa: E402
+from hunt_search import RELATIVE_TOL, SCORE_TOL, TIE, boundary_gaps  # noqa: E402
 from marian_dirs import (  # noqa: E402
     OPUS_GENERATION,
     SOURCES,
     generated_ids,
     twin_choice,
     twin_pieces,
+    without_trailing,
     write_marian,
 )
 
 from onmt_lite.translate import build_translator  # noqa: E402
 
 MULTI30K = os.path.join(HERE, "..", "..", "..", "shared", "data", "multi30k")
-SCORE_TOLERANCE = 1e-4  # float32 sums of up to 40 log-probs, summed in other orders
-RELATIVE_TOLERANCE = 1e-6  # float32's precision of a large score (a long one scaled by its length)
-TIE = 1e-5  # two candidates this close are a coin toss between the two toolkits' float sums
 # name -> write_marian arguments (max_position_embeddings: room for the longest sources)
 MODELS = {
     "opus": dict(seed=6, eos_bias=3.0),
@@ -165,7 +163,7 @@ def classify(ours, theirs, twins=None):
                                                          f"{' '.join(their_tokens)}")
             return ("differs", rank, f"{' '.join(tokens)} ({score:.7f}) vs "
                                      f"{' '.join(their_tokens)} ({their_score:.7f})")
-        if abs(score - their_score) > max(SCORE_TOLERANCE, RELATIVE_TOLERANCE * abs(their_score)):
+        if abs(score - their_score) > max(SCORE_TOL, RELATIVE_TOL * abs(their_score)):
             return ("differs", rank, f"score {score:.7f} vs {their_score:.7f}")
     return "same"
 
@@ -184,7 +182,7 @@ def compare(folder: str, lines, setting, model=None, tokenizer=None):
     for line, result, theirs in zip(lines, results, expected):
         # as generated_ids reads generate()'s rows: a hypothesis cut at the limit loses the
         # pad pieces that end it (picked when every candidate scored NaN)
-        preds = [pred if their[0][-1:] == [eos] else _unpadded(pred, pad)
+        preds = [pred if their[0][-1:] == [eos] else without_trailing(pred, pad)
                  for pred, their in zip(result.preds, theirs)]
         ours = [(pred + [eos] * (their[0][-1:] == [eos]), score)
                 for pred, score, their in zip(preds, result.scores, theirs)]
@@ -198,13 +196,6 @@ def compare(folder: str, lines, setting, model=None, tokenizer=None):
                          f"at the beam's edge, gap {gap:.1e}: {found[2]}")
         out.append((line, found))
     return out
-
-
-def _unpadded(pieces, pad):
-    pieces = list(pieces)
-    while pieces and pieces[-1] == pad:
-        pieces.pop()
-    return pieces
 
 
 def write_models(folder: str, names=None):

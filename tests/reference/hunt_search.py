@@ -77,77 +77,100 @@ def onmt_lite_nbest(path: str, src_lines: List[str], options: dict, batch: int,
     return [[[" ".join(p), s] for p, s in zip(r.preds, r.scores)] for r in results]
 
 
+class LineGaps:
+    """While open, each input line's smallest boundary gap (the last candidate a step keeps less
+    the first it drops), from that line's own rows: ``gaps`` maps a line's index in the
+    translate call's input to it. Follows each batch's lines (Translator.batch_steps) and which
+    line each live row holds (every finishing rule's ``start`` and ``keep``); a search's
+    selection reports its edges through ``record``."""
+
+    def __init__(self):
+        self.gaps: Dict[int, float] = {}
+        self.lines: List[int] = []  # the batch's input lines, in batch order
+        self.live: List[int] = []  # the batch position at each live row
+
+    def record(self, edge, last: int) -> None:
+        """``edge``: (live rows, >= last + 2) a step's best scores, in order, per row."""
+        import math
+        if edge.size(0) != len(self.live):
+            return  # not one row per sentence (a top-k inside another, of its own rows)
+        for row, (a, b) in enumerate(zip(edge[:, last].tolist(), edge[:, last + 1].tolist())):
+            line = self.lines[self.live[row]]
+            if math.isfinite(b):
+                self.gaps[line] = min(self.gaps.get(line, math.inf), a - b)
+
+    def __enter__(self) -> "LineGaps":
+        from onmt_lite.search import finishing
+        from onmt_lite.translate.translator import Translator
+        recorder, steps = self, Translator.batch_steps
+
+        def batch_steps(translator, indices, *args, **kwargs):
+            recorder.lines = indices
+            return (yield from steps(translator, indices, *args, **kwargs))
+
+        def follow(rule):
+            start, keep = rule.start, rule.keep
+
+            def started(r, batch, *args):
+                recorder.live = list(range(batch))
+                return start(r, batch, *args)
+
+            def kept(r, sentences, rows):
+                recorder.live = [recorder.live[i] for i in sentences.tolist()]
+                return keep(r, sentences, rows)
+            return started, kept
+
+        rules = [c for c in vars(finishing).values() if isinstance(c, type) and "keep" in vars(c)]
+        self._restore = [(Translator, "batch_steps", steps)] + [
+            (c, name, getattr(c, name)) for c in rules for name in ("start", "keep")]
+        Translator.batch_steps = batch_steps
+        for c in rules:
+            c.start, c.keep = follow(c)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, value in self._restore:
+            setattr(owner, name, value)
+
+
 def boundary_gaps(path: str, src_lines: List[str], options: dict) -> List[float]:
     """Per line of ``src_lines``, decoded as one batch: the smallest gap, over every step of its
     own search (its rows of each step), between the last candidate the search keeps and the
-    first it drops."""
+    first it drops (LineGaps)."""
     import math
 
     import torch
 
-    from onmt_lite.search import finishing, presets
+    from onmt_lite.search import presets
     from onmt_lite.search.candidates import TopK
-    from onmt_lite.translate.translator import Translator
     assert all(line.split() for line in src_lines), "every line is decoded (none empty)"
-    gaps = [math.inf] * len(src_lines)
-    state = {"lines": [], "live": []}  # the batch's lines; the one at each live position
-
-    def record(edge, last: int) -> None:
-        if edge.size(0) != len(state["live"]):
-            return  # not one row per sentence (a top-k inside another, of its own rows)
-        for row, (a, b) in enumerate(zip(edge[:, last].tolist(), edge[:, last + 1].tolist())):
-            line = state["lines"][state["live"][row]]
-            if math.isfinite(b):
-                gaps[line] = min(gaps[line], a - b)
+    recorder = LineGaps()
 
     class Measured(TopK):
         def pick(self, scores, k):
             flat = scores.reshape(scores.size(0), -1)
             width = min(self.width_factor * k, flat.size(1))
-            edge = flat.topk(min(width + 1, flat.size(1)), dim=1).values
+            edge = real_topk(flat, min(width + 1, flat.size(1)), dim=1).values
             # the 2k candidates' edge, and the beam's within them (fairseq finalizes the ends
             # among the first k, TensorFlow keeps the first k that go on)
             for last in {width - 1, k - 1} & set(range(edge.size(1) - 1)):
-                record(edge, last)
+                recorder.record(edge, last)
             return super().pick(scores, k)
 
     def measured_topk(tensor, k, dim=-1, largest=True, sorted=True):
         """Any other top-k of the search (DiverseGroups' per group): its own edge."""
         if largest and tensor.dim() == 2 and dim in (1, -1) and k < tensor.size(1):
-            record(real_topk(tensor, k + 1, dim=1).values, k - 1)
+            recorder.record(real_topk(tensor, k + 1, dim=1).values, k - 1)
         return real_topk(tensor, k, dim, largest, sorted)
-
-    def batch_steps(self, indices, *args, **kwargs):
-        state["lines"] = indices
-        return (yield from real_steps(self, indices, *args, **kwargs))
-
-    rules = [c for c in vars(finishing).values() if isinstance(c, type) and "keep" in vars(c)]
-    real_rules = {c: (c.start, c.keep) for c in rules}
-
-    def wrap(c):
-        start, keep = real_rules[c]
-
-        def started(self, batch, *args):
-            state["live"] = list(range(batch))
-            return start(self, batch, *args)
-
-        def kept(self, sentences, rows):
-            state["live"] = [state["live"][i] for i in sentences.tolist()]
-            return keep(self, sentences, rows)
-        return started, kept
 
     real, presets.TopK = presets.TopK, Measured
     real_topk, torch.Tensor.topk = torch.Tensor.topk, measured_topk
-    real_steps, Translator.batch_steps = Translator.batch_steps, batch_steps
-    for c in rules:
-        c.start, c.keep = wrap(c)
     try:
-        onmt_lite_nbest(path, src_lines, options, len(src_lines), one_batch=True)
+        with recorder:
+            onmt_lite_nbest(path, src_lines, options, len(src_lines), one_batch=True)
     finally:
-        presets.TopK, torch.Tensor.topk, Translator.batch_steps = real, real_topk, real_steps
-        for c, (start, keep) in real_rules.items():
-            c.start, c.keep = start, keep
-    return gaps
+        presets.TopK, torch.Tensor.topk = real, real_topk
+    return [recorder.gaps.get(i, math.inf) for i in range(len(src_lines))]
 
 
 def float_noise(path: str, batch: List[str], src: str, options: dict) -> float:
@@ -179,14 +202,17 @@ def tied_words(path: str) -> frozenset:
     return frozenset(ckpt.tgt_vocab.itos[TIES_FROM:])
 
 
+def same_hypothesis(a: list, b: list) -> bool:
+    """[text, score] pairs: the same text, scores within SCORE_TOL or float32's precision of a
+    large score (RELATIVE_TOL of it)."""
+    return a[0] == b[0] and abs(a[1] - b[1]) <= max(SCORE_TOL, RELATIVE_TOL * abs(b[1]))
+
+
 def classify(ours: List[list], theirs: List[list], twins: frozenset = frozenset()):
     """("identical" | "float tie" | "twins" | "difference", the first hypotheses that differ)."""
-    def same(a, b):
-        return a[0] == b[0] and abs(a[1] - b[1]) <= max(SCORE_TOL, RELATIVE_TOL * abs(b[1]))
-
-    if len(ours) == len(theirs) and all(same(a, b) for a, b in zip(ours, theirs)):
+    if len(ours) == len(theirs) and all(same_hypothesis(a, b) for a, b in zip(ours, theirs)):
         return "identical", None
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if not same(a, b)),
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if not same_hypothesis(a, b)),
                  min(len(ours), len(theirs)))
     if first == min(len(ours), len(theirs)):  # one list is the other's start
         return "difference", {"rank": first, "onmt_lite": ours[first:first + 1],
