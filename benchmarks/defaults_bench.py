@@ -7,9 +7,12 @@ variables. Beside onmt_lite's default run go its explicit thread settings (``-th
 -inter_threads N``, ``-workers N -threads 1``, ``-threads N``, N the cores). For each model (the
 OpenNMT-py Transformer and RNN fixtures), each input (``-lines`` lines of the test set, and its
 first line alone) and each load (idle; one spinning process per core beside it), the
-configurations take turns, ``-runs`` times, each in its own process. Reported: the median
+configurations take turns, ``-runs`` rounds, each run in its own process, each round starting one
+configuration further on (no configuration always follows the same one). Reported: the median
 translation time as each tool logs it (many lines) or the whole process's time (one line: start-up
-is what a user waits for there), and its ratio to onmt_lite's default. The JSON names the CPU.
+is what a user waits for there), and its ratio to onmt_lite's default. The default is judged
+against each explicit setting round by round (the median of the rounds' ratios and how many
+rounds each won), since runs side by side share the machine's drift. The JSON names the CPU.
 """
 import argparse
 import json
@@ -69,9 +72,10 @@ def configurations(args, model: str, src: str, work: str) -> dict:
 def measure(args, model: str, src: str, key: str, load: str) -> dict:
     times = {}
     with tempfile.TemporaryDirectory() as work:
-        configs = configurations(args, model, src, work)
+        configs = list(configurations(args, model, src, work).items())
         for run in range(args.runs):
-            for name, (cmd, env) in configs.items():
+            turn = run % len(configs)
+            for name, (cmd, env) in configs[turn:] + configs[:turn]:
                 seconds = run_once(cmd, env, name)[key]
                 times.setdefault(name, []).append(seconds)
                 print(f"{load:4} run {run + 1}: {name:36} {seconds:7.2f} s", file=sys.stderr)
@@ -83,12 +87,18 @@ def measure(args, model: str, src: str, key: str, load: str) -> dict:
 
 def check_targets(table: dict, one_line: bool) -> dict:
     """The targets on one table: >= 1.5x OpenNMT-py's default on many lines, never slower on
-    one; within 5% of the best explicit setting."""
-    default = table["onmt_lite default"]["median_s"]
-    best = min(r["median_s"] for name, r in table.items() if name.startswith("onmt_lite -"))
-    targets = {"vs_best_explicit": default / best, "within_5pct_of_best": default <= 1.05 * best}
+    one; within 5% of the best explicit setting, round by round: the explicit setting the default
+    trails most, by the median of the rounds' ratios."""
+    default = table["onmt_lite default"]
+    paired = {name: [d / e for d, e in zip(default["runs"], r["runs"])]
+              for name, r in table.items() if name.startswith("onmt_lite -")}
+    best = max(paired, key=lambda name: statistics.median(paired[name]))
+    ratio = statistics.median(paired[best])
+    targets = {"best_explicit": best, "vs_best_explicit": ratio,
+               "rounds_default_not_slower": f"{sum(r <= 1 for r in paired[best])}/{len(paired[best])}",
+               "within_5pct_of_best": ratio <= 1.05}
     if "OpenNMT-py default" in table:
-        speedup = table["OpenNMT-py default"]["median_s"] / default
+        speedup = table["OpenNMT-py default"]["median_s"] / default["median_s"]
         targets["speedup_vs_opennmt_py"] = speedup
         targets["met_vs_opennmt_py"] = speedup >= (1.0 if one_line else 1.5)
     return targets

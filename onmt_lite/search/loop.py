@@ -51,11 +51,15 @@ def run_to_end(steps: Iterator):
 
 
 def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
-                 beam_size: int, bos: int, keep_attention: bool = True
-                 ) -> Generator[None, None, List[List[Hypothesis]]]:
+                 beam_size: int, bos: int, keep_attention: bool = True, shared: bool = False
+                 ) -> Generator[Optional[tuple], object, List[List[Hypothesis]]]:
     """Searches a batch one decoder step per ``next``; finished sentences leave the decoder
-    state. Between steps the caller may run other searches (the server interleaves batches so
-    that a new one need not wait for a long one to end); each keeps its own decoder state.
+    state. Between steps the caller may run other searches, each with its own decoder state.
+
+    With ``shared``, the search does not run its model itself: it yields each request
+    (``("step", decoder, tokens)``, then ``("log_probs", model, out)``) and the caller sends
+    back the result, having run it with other searches' requests (models/shared_step.py: the
+    server's lanes decode their batches' steps together).
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
@@ -87,11 +91,11 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         n = len(live)
         # b. One decoder step for all live hypotheses.
         if step == 1 and k > 1:
-            out, attn = dec.step(seqs[::k, -1])
+            out, attn = yield from _ask(shared, "step", dec, seqs[::k, -1])
             dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
             out, attn = _repeat(out, k), attn.repeat_interleave(k, dim=0)
         else:
-            out, attn = dec.step(seqs[:, -1])
+            out, attn = yield from _ask(shared, "step", dec, seqs[:, -1])
         attn = attn.float()
         # c. Processors edit the step's log-probs; the rule ranks the candidates.
         if search.on_logits:
@@ -100,7 +104,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
                 processor(logits, step, seqs)
             log_probs = torch.log_softmax(logits, dim=-1)
         else:
-            log_probs = model.log_probs(out)  # (n * k, V)
+            log_probs = yield from _ask(shared, "log_probs", model, out)  # (n * k, V)
             for processor in search.processors:
                 processor(log_probs, step, seqs)
         vocab = log_probs.size(1)
@@ -164,8 +168,16 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
                     processor.keep(rows_list)
         if k > 1 or len(keep) < n:  # one hypothesis per sentence stays where it is
             dec.map_state(lambda state, dim: state.index_select(dim, select))
-        yield
+        if not shared:
+            yield
     return results
+
+
+def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
+    """``owner.step(x)`` or ``owner.log_probs(x)``; with ``shared``, asked of the caller."""
+    if shared:
+        return (yield kind, owner, x)
+    return owner.step(x) if kind == "step" else owner.log_probs(x)
 
 
 def _repeat(out, k: int):

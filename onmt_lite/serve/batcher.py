@@ -6,8 +6,8 @@ batch. When every lane is free a sentence never waits: one client alone gets its
 once. Under load a free lane waits up to ``batch_wait`` for a fuller batch (while other lanes
 decode, or while the clients of the answers just sent may be sending their next requests), and
 a busy lane takes sentences only when no lane
-is free and they have waited ``batch_wait``: they start their own batch at its next decoder step
-rather than waiting for its batches to end (at most ``max_batches`` a lane).
+is free and they have waited ``batch_wait``: they join its batches at its next decoder step
+rather than waiting for them to end (at most ``max_batches`` batches a lane).
 
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
@@ -64,9 +64,8 @@ class Scheduling:
         lanes: lane processes (batches decoded at the same time, one torch thread each).
         batch_size: sentences per batch at most; max_queue: sentences waiting at most.
         batch_wait: seconds sentences wait for a fuller batch under load (see above).
-        max_batches: batches a lane decodes at once, step by step.
-        head_start: seconds of decoding a batch that joins a busy lane may use before it shares
-            the lane with the batches that were there.
+        max_batches: batches a lane decodes at once, their steps run together.
+        head_start: seconds a small batch that joins a busy lane steps alone first (lanes.py).
     """
     lanes: int = 1
     batch_size: int = 32
@@ -167,8 +166,7 @@ class Batcher:
             enough = len(self.pending) >= min(self.batch_size, max(1, expected))
             return 0 if enough or waited >= self.batch_wait else self.batch_wait - waited
         free = any(not other.active for other in self.lanes)
-        joined = any(entry[2] for entry in lane.active.values())  # one small batch joins
-        if free or joined or len(lane.active) >= self.max_batches:  # a busy lane at a time
+        if free or len(lane.active) >= self.max_batches:
             return None
         return 0 if waited >= self.batch_wait else self.batch_wait - waited
 
@@ -207,9 +205,8 @@ class Batcher:
             if not batch:
                 return
             batch_id = next(self.ids)
-            with self.changed:  # (its jobs, when it started, whether it joined a busy lane)
-                joined = bool(lane.active) and len(batch) < self.batch_size
-                lane.active[batch_id] = (batch, time.monotonic(), joined)
+            with self.changed:  # (its jobs, when it started)
+                lane.active[batch_id] = (batch, time.monotonic())
             settings = batch[0].settings
             try:
                 lane.send(batch_id, [job.tokens for job in batch], settings.n_best,
@@ -228,7 +225,7 @@ class Batcher:
                 return
             kind, batch_id, payload = message
             with self.changed:
-                batch, started, _ = lane.active.pop(batch_id)
+                batch, started = lane.active.pop(batch_id)
                 self.running -= len(batch)
                 rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
                 self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate

@@ -2,11 +2,17 @@
 
 Each lane is a process of one torch thread with its own copy of the model (started by spawn, not
 fork: the server has threads by then). It receives batches through a pipe and decodes several
-at once, one decoder step at a time each (the search is a step generator, search/loop.py), so a
-batch that arrives while a long one decodes starts at the next step. It steps the batch that has
-used the least decoding time; a batch that joins a busy lane starts ``head_start`` seconds
-behind the others, so a short request runs first and then shares the lane fairly. The server's
-own process keeps to HTTP and the queue, and its event loop never waits on a decoding thread.
+at once: each batch is a search of its own (search/loop.py, a step generator), and at each step
+the lane runs the decoder steps of all its batches together (models/shared_step.py), so a batch
+that arrives while others decode joins them at the next step, its rows beside theirs, and each
+batch leaves when its last sentence ends.
+
+Joined steps cost more than a small batch's own (2.4-3.2x for one sentence beside ten long ones,
+the Transformer fixture). So a batch that joins a busy lane with at most half the sentences of
+its smallest batch (a short request beside long ones) first steps alone, with other such
+batches: for ``head_start`` seconds at most, after which it joins the others, and the others
+never wait longer than that for a step. The server's own process keeps to HTTP and the queue,
+and its event loop never waits on a decoding thread.
 """
 import copy
 import dataclasses
@@ -19,6 +25,7 @@ import torch
 
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import inference, replica
+from onmt_lite.models.shared_step import Searches
 
 
 class LaneError(RuntimeError):
@@ -69,13 +76,12 @@ class Lane:
 
 
 # -- the lane process -------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Batch:
     id: int
-    steps: object  # the translator's batch_steps generator
     order: List[int]  # the batch's sentences in decoding order (by length)
     attention: bool
-    used: float  # decoding seconds, for the lane's fair share
+    ahead_until: float = 0.0  # until when it steps alone (its head start)
 
 
 def lane_main(options: dict, conn, head_start: float) -> None:
@@ -88,9 +94,10 @@ def lane_main(options: dict, conn, head_start: float) -> None:
         conn.send(("failed", f"{type(err).__name__}: {err}"))
         return
     conn.send(("ready",))
-    variants, active, stopping = {}, [], False
+    variants, searches, stopping = {}, Searches(), False
+    others_stepped = time.monotonic()  # when the batches without a head start last stepped
     while True:
-        while not stopping and conn.poll(None if not active else 0):
+        while not stopping and conn.poll(None if not searches else 0):
             message = conn.recv()
             if message[0] == "stop":
                 stopping = True
@@ -99,36 +106,47 @@ def lane_main(options: dict, conn, head_start: float) -> None:
             key = (n_best, attention)
             if key not in variants:
                 variants[key] = _variant(translator, n_best, attention)
-            least = min((b.used for b in active), default=0.0)
-            active.append(_start(variants[key], batch_id, tokens, attention,
-                                 max(0.0, least - head_start)))
-        if not active:
+            batch, steps = _start(variants[key], batch_id, tokens, attention)
+            now = time.monotonic()
+            others = [b for b in searches.tags() if b.ahead_until <= now]
+            if others and 2 * len(tokens) <= min(len(b.order) for b in others):
+                batch.ahead_until = now + head_start
+            with inference():
+                _send(conn, searches.add(batch, steps))
+        if not searches:
             if stopping:
                 return
             continue
-        batch = min(active, key=lambda b: b.used)
-        start = time.monotonic()
-        try:
+        now = time.monotonic()
+        ahead = any(b.ahead_until > now for b in searches.tags())
+        if ahead and now - others_stepped < head_start:
             with inference():
-                next(batch.steps)
-        except StopIteration as end:
-            active.remove(batch)
-            conn.send(("done", batch.id, _results(batch, end.value)))
-        except Exception as err:  # noqa: BLE001 - a batch that fails fails its sentences
-            active.remove(batch)
-            conn.send(("error", batch.id, f"{type(err).__name__}: {err}"))
-        batch.used += time.monotonic() - start
+                _send(conn, searches.step(only=lambda b: b.ahead_until > now))
+        else:
+            with inference():
+                _send(conn, searches.step())
+            others_stepped = time.monotonic()
 
 
-def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool,
-           used: float) -> _Batch:
-    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py sorts
+def _send(conn, ended) -> None:
+    """Each ended batch's translations, or its error, to the server."""
+    for batch, value in ended:
+        if isinstance(value, Exception):  # a batch that fails fails its sentences
+            conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
+        else:
+            conn.send(("done", batch.id, _results(batch, value)))
+
+
+def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool):
+    """The batch and its search (a step generator in shared mode), sentences sorted by length
+    as translate.py sorts them."""
+    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
     ordered = [tokens[i] for i in order]
     twin = copy.copy(translator)  # a decoder state of its own: other batches step in between
     model = translator.model
     twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
-    steps = twin.batch_steps(list(range(len(ordered))), ordered, None)
-    return _Batch(batch_id, steps, order, attention, used)
+    steps = twin.batch_steps(list(range(len(ordered))), ordered, None, shared=True)
+    return _Batch(batch_id, order, attention), steps
 
 
 def _results(batch: _Batch, translations) -> List[Optional[tuple]]:

@@ -421,11 +421,12 @@ class Translator:
         """Translates lines ``indices`` of a shard that starts at input line ``offset``."""
         return run_to_end(self.batch_steps(indices, src_tokens, tgt_tokens, offset))
 
-    def batch_steps(self, indices: List[int], src_tokens, tgt_tokens, offset: int = 0
-                    ) -> Generator[None, None, List[Translation]]:
+    def batch_steps(self, indices: List[int], src_tokens, tgt_tokens, offset: int = 0,
+                    shared: bool = False) -> Generator[Optional[tuple], object, List[Translation]]:
         """_translate_batch one decoder step per ``next`` (the batch engine; the sentence
         engine runs whole at the first). Run each step under ``inference()``; the translator
-        must have a decoder of its own (``replica``) while another batch is between steps."""
+        must have a decoder of its own (``replica``) while another batch is between steps.
+        ``shared``: the model's work is yielded as requests (search_steps)."""
         results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
         if self.empty_source(src_tokens[indices[0]]):  # the batch of empty lines: empty outputs
@@ -465,7 +466,8 @@ class Translator:
                                   prefixes=prefixes)
             hyps = yield from search_steps(self.model, src, src_len, search,
                                            beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
-                                           keep_attention=self.opt.keep_attention)
+                                           keep_attention=self.opt.keep_attention,
+                                           shared=shared)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):

@@ -1,0 +1,168 @@
+"""Several searches' decoder steps run as one (the server's continuous batching).
+
+A server lane decodes several batches at once, each a search of its own: its hypotheses, its
+finishing rule, its decoder state, its key/value cache at its own position. Their decoder steps
+run together, as do their output layers. For a Transformer, the products of every layer (the
+projections and the feed-forward block) take the rows of all batches in one call, and only
+what reads a batch's own history runs per batch: self-attention over its cache, attention over
+its source. Those products and the output layer's (hidden size x vocabulary) are most of a
+step, and their cost per row falls with the rows they take, so sentences that joined at
+different times share them as if they had come together.
+
+Each row goes through the operations its decoder's own ``step`` applies (the same operations on
+more rows), so a sentence's translation is the one its batch gets decoded alone. Decoders this
+module cannot join (RNNs, ensembles, a compiled step) take their steps one after the other.
+The search loop asks for these steps by yielding requests (search/loop.py, ``shared``).
+"""
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from onmt_lite.models.model import NMTModel
+from onmt_lite.models.transformer import DecoderLayer, TransformerDecoder
+
+# What a search asks of its model between its own steps: ("step", decoder, tokens) for
+# ``decoder.step(tokens)``, ("log_probs", model, out) for ``model.log_probs(out)``.
+Request = Tuple[str, object, torch.Tensor]
+
+
+def run_requests(requests: Sequence[Request]) -> list:
+    """Each request's result, in the order asked. The steps of Transformer decoders that share
+    their layers (replicas of one model) run together, as do the generators of models that
+    share theirs; the others run one after the other."""
+    results = [None] * len(requests)
+    together = {}
+    for i, (kind, owner, x) in enumerate(requests):
+        key = _together(kind, owner)
+        if key is None:
+            results[i] = _alone(kind, owner, x)
+        else:
+            together.setdefault(key, []).append(i)
+    for (kind, _), members in together.items():
+        if len(members) == 1:
+            results[members[0]] = _alone(*requests[members[0]])
+            continue
+        run = _transformer_steps if kind == "step" else _log_probs
+        for i, result in zip(members, run([requests[i][1:] for i in members])):
+            results[i] = result
+    return results
+
+
+def _alone(kind: str, owner, x: torch.Tensor):
+    return owner.step(x) if kind == "step" else owner.log_probs(x)
+
+
+def _together(kind: str, owner):
+    """The key of the requests that run together with this one; None: it runs alone."""
+    if kind == "step" and isinstance(owner, TransformerDecoder) \
+            and owner.compiled_step is None and not torch.is_grad_enabled() \
+            and all(type(layer) is DecoderLayer for layer in owner.layers):
+        return kind, id(owner.layers)
+    if kind == "log_probs" and type(owner) is NMTModel:  # log_softmax(generator(out))
+        return kind, id(owner.generator)
+    return None
+
+
+def _log_probs(requests: Sequence[Tuple[NMTModel, torch.Tensor]]) -> List[torch.Tensor]:
+    outs = [out for _, out in requests]
+    return list(requests[0][0].log_probs(torch.cat(outs)).split([o.size(0) for o in outs]))
+
+
+def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor]]):
+    """TransformerDecoder.step (its forward for one token a row), for several decoders."""
+    decoders = [decoder for decoder, _ in requests]
+    parts = []
+    for decoder, tokens in requests:  # positions are checked before any cache is written
+        decoder.cache.reserve(1)
+        parts.append(decoder.embeddings(decoder.cache.to_buffer(tokens).unsqueeze(1),
+                                        start=decoder.position))
+    sizes = [part.size(0) for part in parts]
+    x = torch.cat(parts)
+    attns = None
+    for i, layer in enumerate(decoders[0].layers):
+        self_attn, context_attn = layer.self_attn, layer.context_attn
+        normed = layer.before(layer.layer_norm_1, x)
+        queries = self_attn.project_query(normed).split(sizes)
+        keys, values = self_attn.project_kv(normed)
+        contexts = []
+        for decoder, q, k, v in zip(decoders, queries, keys.split(sizes), values.split(sizes)):
+            k, v = decoder.cache.append(i, k, v)
+            context, _ = self_attn.attention(q, k, v, None)
+            contexts.append(self_attn.merge_heads(context, q.size(0), 1))
+        self_out = self_attn.final_linear(torch.cat(contexts))
+        query = layer.after(layer.layer_norm_1, layer.dropout(self_out) + x)
+        queries = context_attn.project_query(layer.before(layer.layer_norm_2, query)).split(sizes)
+        contexts, attns = [], []
+        for decoder, q in zip(decoders, queries):
+            state = decoder.state
+            context, attn = context_attn.attention(
+                q, state[f"memory_keys.{i}"], state[f"memory_values.{i}"], state["src_mask"],
+                decoder.group)
+            contexts.append(context_attn.merge_heads(context, q.size(0), 1))
+            attns.append(attn)
+        context = context_attn.final_linear(torch.cat(contexts))
+        x = layer.feed_forward(layer.after(layer.layer_norm_2, layer.dropout(context) + query))
+    outs = decoders[0].layer_norm(x).squeeze(1).split(sizes)
+    results = []
+    for decoder, out, attn in zip(decoders, outs, attns):
+        decoder.position += 1
+        decoder.cache.advance(1)
+        attn = attn[:, 0].reshape(out.size(0), -1)  # head 0 of the last layer, as forward's
+        results.append((decoder.cache.from_buffer(out), decoder.cache.from_buffer(attn)))
+    return results
+
+
+class Searches:
+    """Searches that run side by side: step generators in shared mode (search_steps), whose
+    requests run together at each step. ``add`` and ``step`` return the searches that ended,
+    as (tag, what the search returned) or (tag, the exception it raised); one search's error
+    ends only that search. Call them under ``inference()``."""
+
+    def __init__(self):
+        self.running: List[list] = []  # [tag, generator, its next request]
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def add(self, tag, steps) -> List[tuple]:
+        """Starts ``steps``: it runs to its first request (the encoder runs here)."""
+        return self._advance([[tag, steps, None]], [None])
+
+    def tags(self) -> list:
+        return [tag for tag, _, _ in self.running]
+
+    def step(self, only: Optional[Callable[[object], bool]] = None) -> List[tuple]:
+        """Runs every search's request (or those whose tag ``only`` accepts), together, and
+        each of those searches on to its next request."""
+        stepping = [search for search in self.running if only is None or only(search[0])]
+        requests = [request for _, _, request in stepping]
+        try:
+            results = run_requests(requests)
+        except Exception:  # noqa: BLE001 - found again request by request
+            results = [_alone_or_error(request) for request in requests]
+        chosen = {id(search) for search in stepping}
+        self.running = [search for search in self.running if id(search) not in chosen]
+        return self._advance(stepping, results)
+
+    def _advance(self, searches: List[list], results: list) -> List[tuple]:
+        ended = []
+        for search, result in zip(searches, results):
+            tag, steps, _ = search
+            try:
+                search[2] = steps.throw(result) if isinstance(result, Exception) \
+                    else steps.send(result)
+                self.running.append(search)
+            except StopIteration as end:
+                ended.append((tag, end.value))
+            except Exception as err:  # noqa: BLE001 - the search's own error, returned
+                ended.append((tag, err))
+        return ended
+
+
+def _alone_or_error(request: Request):
+    """The request run on its own, or the exception it raises. The one error a step raises, a
+    position past the model's table, comes before any state is written."""
+    try:
+        return _alone(*request)
+    except Exception as err:  # noqa: BLE001
+        return err

@@ -1,0 +1,95 @@
+"""Searches whose decoder steps run together (the server's continuous batching): a batch that
+joins others at any step translates as it does alone, and one search's error ends only it."""
+import os
+
+import pytest
+import torch
+
+from onmt_lite.models import shared_step
+from onmt_lite.models.model import inference, replica
+from onmt_lite.models.shared_step import Searches
+from onmt_lite.translate.translator import build_translator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")
+RNN = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py", "rnn.pt")
+DEMO = [line.strip() for line in open(os.path.join(ROOT, "data", "demo.en"), encoding="utf-8")]
+
+
+def _search(translator, lines):
+    twin = translator.__class__.__new__(translator.__class__)
+    twin.__dict__.update(translator.__dict__, model=replica(translator.model))
+    tokens = [translator.source_tokens(line, i + 1) for i, line in enumerate(lines)]
+    return twin.batch_steps(list(range(len(tokens))), tokens, None, shared=True)
+
+
+def _joined_at_steps(translator, batches, joins):
+    """Each batch's translations, batch i joining the others after ``joins[i]`` steps."""
+    searches, ended, step = Searches(), {}, 0
+    with inference():
+        while len(ended) < len(batches):
+            for i, join in enumerate(joins):
+                if join == step:
+                    ended.update(searches.add(i, _search(translator, batches[i])))
+            ended.update(searches.step() if searches else [])
+            step += 1
+    return [ended[i] for i in range(len(batches))]
+
+
+def _same_as_alone(translator, batches, joins):
+    for lines, got in zip(batches, _joined_at_steps(translator, batches, joins)):
+        alone = translator.translate(lines, batch_size=len(lines))
+        assert [t.output_lines() for t in got] == [t.output_lines() for t in alone]
+        assert [s for t in got for s in t.scores] == pytest.approx(
+            [s for t in alone for s in t.scores], abs=1e-5)
+
+
+@pytest.mark.parametrize("beam_size, n_best", [(5, 2), (1, 1)])
+def test_batches_that_join_at_different_steps_translate_as_alone(beam_size, n_best, monkeypatch):
+    translator = build_translator({"model": MODEL, "beam_size": beam_size, "n_best": n_best,
+                                   "max_length_ratio": 0})
+    rows = []
+    joined = shared_step._transformer_steps
+    monkeypatch.setattr(shared_step, "_transformer_steps",
+                        lambda requests: rows.append(len(requests)) or joined(requests))
+    batches = [DEMO[:3], DEMO[3:4], DEMO[4:] + DEMO[:2]]
+    _same_as_alone(translator, batches, joins=[0, 2, 4])
+    assert max(rows) == 3  # the three batches' steps ran as one
+
+
+@pytest.mark.skipif(not os.path.exists(RNN), reason="needs ../shared (the OpenNMT-py RNN fixture)")
+def test_decoders_that_cannot_join_step_one_after_the_other():
+    translator = build_translator({"model": RNN, "beam_size": 5, "max_length_ratio": 0})
+    lines = [line.strip() for line in open(os.path.join(ROOT, "data", "demo.lc.en"),
+                                           encoding="utf-8")]
+    _same_as_alone(translator, [lines[:2], lines[2:]], joins=[0, 2])
+
+
+class _Decoder:
+    """A stand-in decoder whose step doubles its tokens, or fails."""
+
+    def __init__(self, fails: bool):
+        self.fails = fails
+
+    def step(self, tokens):
+        if self.fails:
+            raise ValueError("sequence longer than 8 positions")
+        return tokens * 2
+
+
+def _toy_search(decoder, steps: int):
+    tokens = torch.ones(2)
+    for _ in range(steps):
+        tokens = yield "step", decoder, tokens
+    return tokens.tolist()
+
+
+def test_a_search_whose_step_fails_ends_alone():
+    searches = Searches()
+    assert searches.add("good", _toy_search(_Decoder(False), 3)) == []
+    assert searches.add("bad", _toy_search(_Decoder(True), 3)) == []
+    ended = searches.step()
+    assert [(tag, type(value), str(value)) for tag, value in ended] == [
+        ("bad", ValueError, "sequence longer than 8 positions")]
+    assert searches.step() == [] and len(searches) == 1
+    assert searches.step() == [("good", [8.0, 8.0])]
