@@ -183,6 +183,32 @@ def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch,
         "decoder step runs uncompiled"]
 
 
+def test_a_step_torch_cannot_compile_runs_uncompiled_after_one_line(tmp_path, monkeypatch,
+                                                                     caplog):
+    """On CUDA, torch 2.11 fails to trace the dynamic-shape step (BackendCompilerFailed at the
+    first call): one line says so and the translations are the uncompiled step's."""
+    from conftest import tiny_checkpoint
+    from torch._dynamo.exc import BackendCompilerFailed
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+
+    def failing(fn):
+        def compiled(*args):
+            raise BackendCompilerFailed(fn, RuntimeError(
+                "prims::convert_element_type() Expected a value of type 'Tensor'"), None)
+        return compiled
+    monkeypatch.setattr(fast, "compiler", lambda cache_dir="": failing)
+    lines = ["a b c", "d e f a"]
+    with caplog.at_level(logging.WARNING, logger="onmt_lite"):
+        translator = build_translator({"model": model, "compile": True, "beam_size": 3})
+    assert [r.getMessage() for r in caplog.records] == [
+        "-compile: torch could not compile the decoder step on cpu (RuntimeError: "
+        "prims::convert_element_type() Expected a value of type 'Tensor'): it runs uncompiled"]
+    assert translator.model.decoder.compiled_step is None
+    plain = build_translator({"model": model, "beam_size": 3})
+    assert [t.output_lines() for t in translator.translate(lines)] == [
+        t.output_lines() for t in plain.translate(lines)]
+
+
 def test_the_command_line_without_a_compiler(tmp_path):
     """A machine without a compiler: one line says so, and -compile translates every line."""
     from conftest import tiny_checkpoint

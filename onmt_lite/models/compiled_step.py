@@ -22,9 +22,12 @@ Cache positions past the prefix are masked, and their values weighted by an exac
 times a NaN would still be NaN, so the decoder's cache is made with zeroed memory (KVCache's
 ``zeroed``).
 
-Nothing here is CPU-only: on a GPU the same graph compiles to Triton kernels. What a GPU would
-add is CUDA graphs (``mode="reduce-overhead"``), which need shapes that never change: finished
-rows kept and masked instead of dropped, and one capacity for the whole batch.
+Nothing here is CPU-only, but on CUDA (an H100, torch 2.11.0+cu130) torch fails to trace the
+dynamic-shape graph (BackendCompilerFailed, ``prims::convert_element_type`` given a MetaProxy,
+with the aot_eager backend too), and the step then runs uncompiled after one line
+(build_translator); compiled with static shapes it gives the uncompiled step's translations.
+What a GPU would add is CUDA graphs (``mode="reduce-overhead"``), which need shapes that never
+change: finished rows kept and masked instead of dropped, and one capacity for the whole batch.
 """
 from typing import Callable, Tuple
 

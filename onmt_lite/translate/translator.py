@@ -705,8 +705,23 @@ def build_translator(opt) -> Translator:
                             1 if inter_threads is None else inter_threads, transform, workers)
     if _get(opt, "compile"):
         translator.may_fork = False
-        translator.warm_up()
+        _compile_or_not(translator, models, device)
     return translator
+
+
+def _compile_or_not(translator: Translator, models: list, device: str) -> None:
+    """-compile: compiles the step at load (warm_up). Where torch cannot compile it (seen on
+    CUDA: torch 2.11's tracing of the dynamic-shape step fails), one line says why and the step
+    runs uncompiled."""
+    import torch._dynamo.exc
+    try:
+        translator.warm_up()
+    except torch._dynamo.exc.BackendCompilerFailed as err:
+        why = next((line for line in str(err).splitlines() if "Error" in line), "")
+        logger.warning("-compile: torch could not compile the decoder step on %s (%s): it runs "
+                       "uncompiled", device, why.strip()[:200])
+        for model in models:
+            model.decoder.compiled_step = None
 
 
 def _check_options(opt, values: dict, models: int) -> None:
