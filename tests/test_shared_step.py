@@ -24,15 +24,28 @@ def _search(translator, lines):
 
 
 def _joined_at_steps(translator, batches, joins):
-    """Each batch's translations, batch i joining the others after ``joins[i]`` steps."""
-    searches, ended, step = Searches(), {}, 0
+    """Each batch's translations, batch i joining the others after ``joins[i]`` steps; each
+    sentence is also reported as it ends, once, with the translation the batch returns."""
+    searches, ended, sentences, step = Searches(), {}, {}, 0
+
+    def record(events):
+        for tag, kind, value in events:
+            assert kind != "error", value
+            if kind == "ended":
+                place, translation = value
+                assert (tag, place) not in sentences
+                sentences[tag, place] = translation
+            else:
+                ended[tag] = value
     with inference():
         while len(ended) < len(batches):
             for i, join in enumerate(joins):
                 if join == step:
-                    ended.update(searches.add(i, _search(translator, batches[i])))
-            ended.update(searches.step() if searches else [])
+                    record(searches.add(i, _search(translator, batches[i])))
+            record(searches.step() if searches else [])
             step += 1
+    for i, translations in ended.items():
+        assert [sentences[i, place] for place in range(len(translations))] == translations
     return [ended[i] for i in range(len(batches))]
 
 
@@ -89,7 +102,7 @@ def test_a_search_whose_step_fails_ends_alone():
     assert searches.add("good", _toy_search(_Decoder(False), 3)) == []
     assert searches.add("bad", _toy_search(_Decoder(True), 3)) == []
     ended = searches.step()
-    assert [(tag, type(value), str(value)) for tag, value in ended] == [
-        ("bad", ValueError, "sequence longer than 8 positions")]
+    assert [(tag, kind, type(value), str(value)) for tag, kind, value in ended] == [
+        ("bad", "error", ValueError, "sequence longer than 8 positions")]
     assert searches.step() == [] and len(searches) == 1
-    assert searches.step() == [("good", [8.0, 8.0])]
+    assert searches.step() == [("good", "done", [8.0, 8.0])]

@@ -114,9 +114,10 @@ def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor
 
 class Searches:
     """Searches that run side by side: step generators in shared mode (search_steps), whose
-    requests run together at each step. ``add`` and ``step`` return the searches that ended,
-    as (tag, what the search returned) or (tag, the exception it raised); one search's error
-    ends only that search. Call them under ``inference()``."""
+    requests run together at each step. ``add`` and ``step`` return what happened, as (tag,
+    kind, value): ("ended", (sentence, its result)) for each sentence that ended, ("done", what
+    the search returned) or ("error", the exception it raised) for each search that ended. One
+    search's error ends only that search. Call them under ``inference()``."""
 
     def __init__(self):
         self.running: List[list] = []  # [tag, generator, its next request]
@@ -124,12 +125,12 @@ class Searches:
     def __len__(self) -> int:
         return len(self.running)
 
+    def tags(self) -> list:
+        return [tag for tag, _, _ in self.running]
+
     def add(self, tag, steps) -> List[tuple]:
         """Starts ``steps``: it runs to its first request (the encoder runs here)."""
         return self._advance([[tag, steps, None]], [None])
-
-    def tags(self) -> list:
-        return [tag for tag, _, _ in self.running]
 
     def step(self, only: Optional[Callable[[object], bool]] = None) -> List[tuple]:
         """Runs every search's request (or those whose tag ``only`` accepts), together, and
@@ -145,18 +146,22 @@ class Searches:
         return self._advance(stepping, results)
 
     def _advance(self, searches: List[list], results: list) -> List[tuple]:
-        ended = []
+        events = []
         for search, result in zip(searches, results):
             tag, steps, _ = search
             try:
-                search[2] = steps.throw(result) if isinstance(result, Exception) \
+                request = steps.throw(result) if isinstance(result, Exception) \
                     else steps.send(result)
+                while request[0] == "ended":  # a sentence ended: nothing to run for it
+                    events.append((tag, "ended", request[1:]))
+                    request = steps.send(None)
+                search[2] = request
                 self.running.append(search)
             except StopIteration as end:
-                ended.append((tag, end.value))
+                events.append((tag, "done", end.value))
             except Exception as err:  # noqa: BLE001 - the search's own error, returned
-                ended.append((tag, err))
-        return ended
+                events.append((tag, "error", err))
+        return events
 
 
 def _alone_or_error(request: Request):

@@ -59,7 +59,8 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     With ``shared``, the search does not run its model itself: it yields each request
     (``("step", decoder, tokens)``, then ``("log_probs", model, out)``) and the caller sends
     back the result, having run it with other searches' requests (models/shared_step.py: the
-    server's lanes decode their batches' steps together).
+    server's lanes decode their batches' steps together). It also yields ``("ended", sentence,
+    n-best)`` as each sentence ends (the caller sends back None).
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
@@ -151,6 +152,8 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         if done:
             for i, nbest in done.items():
                 results[live[i]] = nbest
+                if shared:  # the caller may answer it before the batch ends
+                    yield "ended", live[i], nbest
             keep = [i for i in range(n) if i not in done]
             if not keep:
                 break

@@ -223,15 +223,27 @@ class Batcher:
             except LaneError as err:
                 self._lane_ended(lane, err)
                 return
+            if message[0] == "sentence":  # answered as soon as it ends
+                _, batch_id, index, result = message
+                with self.changed:
+                    self.running -= 1
+                    self.answered.append((time.monotonic(), 1))
+                    self.changed.notify_all()
+                lane.active[batch_id][0][index].future.set_result(result)
+                continue
             kind, batch_id, payload = message
             with self.changed:
                 batch, started = lane.active.pop(batch_id)
-                self.running -= len(batch)
+                left = [job for job in batch if not job.future.done()]
+                self.running -= len(left)
                 rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
                 self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
-                self.answered.append((time.monotonic(), len(batch)))
+                if left:
+                    self.answered.append((time.monotonic(), len(left)))
                 self.changed.notify_all()
             for i, job in enumerate(batch):
+                if job.future.done():
+                    continue
                 if kind == "done":
                     job.future.set_result(payload[i])
                 else:
@@ -244,15 +256,16 @@ class Batcher:
         with self.changed:
             if lane in self.lanes:
                 self.lanes.remove(lane)
-            lost = list(lane.active.values())
+            lost = [[job for job in batch if not job.future.done()]
+                    for batch, _ in lane.active.values()]
             lane.active.clear()
-            for batch, *_ in lost:
+            for batch in lost:
                 self.running -= len(batch)
             if not self.stopping:
                 logger.error("%s", err)
                 if not self.lanes:
                     self._fail_pending(Stopped(str(err)))
             self.changed.notify_all()
-        for batch, *_ in lost:
+        for batch in lost:
             for job in batch:
                 job.future.set_exception(Stopped(str(err)))

@@ -19,7 +19,7 @@ import dataclasses
 import multiprocessing
 import signal
 import time
-from typing import List, Optional
+from typing import List
 
 import torch
 
@@ -55,8 +55,9 @@ class Lane:
         self.conn.send(("batch", batch_id, tokens, n_best, attention))
 
     def receive(self):
-        """("done", batch id, results) or ("error", batch id, message); LaneError once the
-        process has ended."""
+        """("sentence", batch id, index, result) as each sentence ends; then ("done", batch id,
+        results: None for those sent already) or ("error", batch id, message). LaneError once
+        the process has ended."""
         try:
             return self.conn.recv()
         except (EOFError, OSError):
@@ -82,6 +83,7 @@ class _Batch:
     order: List[int]  # the batch's sentences in decoding order (by length)
     attention: bool
     ahead_until: float = 0.0  # until when it steps alone (its head start)
+    sent: set = dataclasses.field(default_factory=set)  # its sentences answered (places)
 
 
 def lane_main(options: dict, conn, head_start: float) -> None:
@@ -128,13 +130,22 @@ def lane_main(options: dict, conn, head_start: float) -> None:
             others_stepped = time.monotonic()
 
 
-def _send(conn, ended) -> None:
-    """Each ended batch's translations, or its error, to the server."""
-    for batch, value in ended:
-        if isinstance(value, Exception):  # a batch that fails fails its sentences
+def _send(conn, events) -> None:
+    """Each sentence's translation as it ends, then each batch's end (with the translations of
+    sentences not sent yet: none ended in the search), or its error, to the server."""
+    for batch, kind, value in events:
+        if kind == "ended":
+            place, translation = value
+            batch.sent.add(place)
+            conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
+        elif kind == "done":
+            results = [None] * len(value)
+            for place, translation in enumerate(value):
+                if place not in batch.sent:
+                    results[batch.order[place]] = _result(batch, translation)
+            conn.send(("done", batch.id, results))
+        else:  # a batch that fails fails its sentences not yet answered
             conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
-        else:
-            conn.send(("done", batch.id, _results(batch, value)))
 
 
 def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool):
@@ -149,21 +160,17 @@ def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool):
     return _Batch(batch_id, order, attention), steps
 
 
-def _results(batch: _Batch, translations) -> List[Optional[tuple]]:
-    """Each sentence's (texts, scores, best hypothesis' target tokens, its attention rows,
-    each hypothesis' alignment), in the order sent; the last three only with attention."""
-    results = [None] * len(translations)
-    for i, t in zip(batch.order, translations):
-        tgt, attention, alignments = [], None, None
-        if batch.attention:
-            tgt = list(t.preds[0])
-            if t.attns[0].size(0) > len(tgt):  # the row of </s>
-                tgt.append("</s>")
-            attention = [[round(float(x), 4) for x in row] for row in t.attns[0].tolist()]
-            alignments = [alignment(attn, len(pred)) for pred, attn in zip(t.preds, t.attns)]
-        results[i] = (t.output_lines(), [float(s) for s in t.scores], tgt, attention,
-                      alignments)
-    return results
+def _result(batch: _Batch, t) -> tuple:
+    """A sentence's (texts, scores, best hypothesis' target tokens, its attention rows, each
+    hypothesis' alignment); the last three only with attention."""
+    tgt, attention, alignments = [], None, None
+    if batch.attention:
+        tgt = list(t.preds[0])
+        if t.attns[0].size(0) > len(tgt):  # the row of </s>
+            tgt.append("</s>")
+        attention = [[round(float(x), 4) for x in row] for row in t.attns[0].tolist()]
+        alignments = [alignment(attn, len(pred)) for pred, attn in zip(t.preds, t.attns)]
+    return t.output_lines(), [float(s) for s in t.scores], tgt, attention, alignments
 
 
 def alignment(attn: torch.Tensor, length: int) -> tuple:

@@ -464,18 +464,38 @@ class Translator:
                                   vocab=self.tgt_vocab, max_length=max_length,
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
-            hyps = yield from search_steps(self.model, src, src_len, search,
-                                           beam_size=self.opt.beam_size, bos=self.tgt_vocab.bos,
-                                           keep_attention=self.opt.keep_attention,
-                                           shared=shared)
+            steps = search_steps(self.model, src, src_len, search, beam_size=self.opt.beam_size,
+                                 bos=self.tgt_vocab.bos, keep_attention=self.opt.keep_attention,
+                                 shared=shared)
+            hyps = yield from (self._translations_as_they_end(steps, results) if shared
+                               else steps)
         else:
             hyps = self._beam_search(src, src_len, max_length)
         for t, nbest in zip(results, hyps):
-            for hyp in nbest:
-                t.preds.append(self._target_tokens(hyp, t.src))
-                t.scores.append(hyp.score)
-                t.attns.append(hyp.attn)
+            if not t.preds:
+                self._fill(t, nbest)
         return self._detokenized(results)
+
+    def _fill(self, t: Translation, nbest: List[Hypothesis]) -> None:
+        t.preds = [self._target_tokens(hyp, t.src) for hyp in nbest]
+        t.scores = [hyp.score for hyp in nbest]
+        t.attns = [hyp.attn for hyp in nbest]
+
+    def _translations_as_they_end(self, steps, results: List[Translation]):
+        """A shared search's requests passed through; each sentence that ends yielded as
+        ("ended", its place in the batch, its Translation)."""
+        value = None
+        while True:
+            try:
+                event = steps.send(value)
+            except StopIteration as end:
+                return end.value
+            if event[0] == "ended":
+                t = results[event[1]]
+                self._fill(t, event[2])
+                value = yield "ended", event[1], self._detokenized([t])[0]
+            else:
+                value = yield event
 
     def _detokenized(self, results: List[Translation]) -> List[Translation]:
         if self.transform is not None:
