@@ -9,10 +9,12 @@ batch leaves when its last sentence ends.
 
 Joined steps cost more than a small batch's own (2.4-3.2x for one sentence beside ten long ones,
 the Transformer fixture). So a batch that joins a busy lane with at most half the sentences of
-its smallest batch (a short request beside long ones) first steps alone, with other such
-batches: for ``head_start`` seconds at most, after which it joins the others, and the others
-never wait longer than that for a step. The server's own process keeps to HTTP and the queue,
-and its event loop never waits on a decoding thread.
+its smallest batch (a short request beside long ones) steps alone, with other such batches,
+for ``head_start`` seconds at most: its own steps alternate with steps of all the batches, and
+those it takes alone use at most half the lane's time, so the others never starve.
+
+The server's own process keeps to HTTP and the queue, and its event loop never waits on a
+decoding thread.
 """
 import copy
 import dataclasses
@@ -97,7 +99,7 @@ def lane_main(options: dict, conn, head_start: float) -> None:
         return
     conn.send(("ready",))
     variants, searches, stopping = {}, Searches(), False
-    others_stepped = time.monotonic()  # when the batches without a head start last stepped
+    ahead_time = shared_time = 0.0  # seconds of steps taken by batches ahead alone, by all
     while True:
         while not stopping and conn.poll(None if not searches else 0):
             message = conn.recv()
@@ -119,15 +121,17 @@ def lane_main(options: dict, conn, head_start: float) -> None:
             if stopping:
                 return
             continue
-        now = time.monotonic()
-        ahead = any(b.ahead_until > now for b in searches.tags())
-        if ahead and now - others_stepped < head_start:
-            with inference():
-                _send(conn, searches.step(only=lambda b: b.ahead_until > now))
+        start = time.monotonic()
+        ahead = any(b.ahead_until > start for b in searches.tags())
+        alone = ahead and ahead_time <= shared_time  # at most half the lane's time
+        with inference():
+            _send(conn, searches.step(only=(lambda b: b.ahead_until > start) if alone else None))
+        if not ahead:
+            ahead_time = shared_time = 0.0
+        elif alone:
+            ahead_time += time.monotonic() - start
         else:
-            with inference():
-                _send(conn, searches.step())
-            others_stepped = time.monotonic()
+            shared_time += time.monotonic() - start
 
 
 def _send(conn, events) -> None:
