@@ -106,3 +106,31 @@ def test_a_search_whose_step_fails_ends_alone():
         ("bad", "error", ValueError, "sequence longer than 8 positions")]
     assert searches.step() == [] and len(searches) == 1
     assert searches.step() == [("good", "done", [8.0, 8.0])]
+
+
+def test_a_small_batch_beside_long_ones_steps_alone_at_most_half_the_time():
+    """Turns, on a lane with a batch of 10 sentences: newcomers of 1 sentence, arriving one after
+    another, take steps alone, but the batch of 10 still gets half the lane's time; a newcomer
+    as large as the batches there steps with them."""
+    from onmt_lite.serve.lanes import Turns, _Batch
+
+    def batch(sentences):
+        return _Batch(0, list(range(sentences)), False)
+    turns, long = Turns(head_start=0.5), batch(10)
+    running, now, long_time, alone_steps = [long], 0.0, 0.0, 0
+    while now < 5:
+        if not any(b.ahead_until > now for b in running[1:]):  # the next short request
+            short = batch(1)
+            turns.admit(short, [long], now)
+            assert short.ahead_until == now + 0.5
+            running = [long, short]
+        only = turns.choose(running, now)
+        seconds = 0.002 if only else 0.006  # a step alone is a third of a joined one
+        alone_steps += only is not None
+        long_time += 0 if only else seconds
+        turns.took(only, seconds)
+        now += seconds
+    assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
+    equal = batch(10)
+    turns.admit(equal, [long], now)
+    assert equal.ahead_until == 0.0 and turns.choose([long, equal], now) is None

@@ -8,10 +8,7 @@ that arrives while others decode joins them at the next step, its rows beside th
 batch leaves when its last sentence ends.
 
 Joined steps cost more than a small batch's own (2.4-3.2x for one sentence beside ten long ones,
-the Transformer fixture). So a batch that joins a busy lane with at most half the sentences of
-its smallest batch (a short request beside long ones) steps alone, with other such batches,
-for ``head_start`` seconds at most: its own steps alternate with steps of all the batches, and
-those it takes alone use at most half the lane's time, so the others never starve.
+the Transformer fixture), so a short request beside long ones takes some steps alone (Turns).
 
 The server's own process keeps to HTTP and the queue, and its event loop never waits on a
 decoding thread.
@@ -88,6 +85,37 @@ class _Batch:
     sent: set = dataclasses.field(default_factory=set)  # its sentences answered (places)
 
 
+class Turns:
+    """Which of a lane's batches take the next step: a small batch that joined busy batches
+    (at most half the sentences of each) steps alone for ``head_start`` seconds, its steps
+    alternating with steps of every batch so that those it takes alone use at most half the
+    lane's time; otherwise every batch steps."""
+
+    def __init__(self, head_start: float):
+        self.head_start = head_start
+        self.alone = self.together = 0.0  # seconds of steps while some batch is ahead
+
+    def admit(self, batch: _Batch, running: List[_Batch], now: float) -> None:
+        others = [b for b in running if b.ahead_until <= now]
+        if others and 2 * len(batch.order) <= min(len(b.order) for b in others):
+            batch.ahead_until = now + self.head_start
+
+    def choose(self, running: List[_Batch], now: float):
+        """None: every batch steps; else the test of the batches that step alone."""
+        if not any(b.ahead_until > now for b in running):
+            self.alone = self.together = 0.0
+            return None
+        if self.alone <= self.together:
+            return lambda b: b.ahead_until > now
+        return None
+
+    def took(self, only, seconds: float) -> None:
+        if only is not None:
+            self.alone += seconds
+        else:
+            self.together += seconds
+
+
 def lane_main(options: dict, conn, head_start: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
     torch.set_num_threads(1)
@@ -98,8 +126,7 @@ def lane_main(options: dict, conn, head_start: float) -> None:
         conn.send(("failed", f"{type(err).__name__}: {err}"))
         return
     conn.send(("ready",))
-    variants, searches, stopping = {}, Searches(), False
-    ahead_time = shared_time = 0.0  # seconds of steps taken by batches ahead alone, by all
+    variants, searches, turns, stopping = {}, Searches(), Turns(head_start), False
     while True:
         while not stopping and conn.poll(None if not searches else 0):
             message = conn.recv()
@@ -111,10 +138,7 @@ def lane_main(options: dict, conn, head_start: float) -> None:
             if key not in variants:
                 variants[key] = _variant(translator, n_best, attention)
             batch, steps = _start(variants[key], batch_id, tokens, attention)
-            now = time.monotonic()
-            others = [b for b in searches.tags() if b.ahead_until <= now]
-            if others and 2 * len(tokens) <= min(len(b.order) for b in others):
-                batch.ahead_until = now + head_start
+            turns.admit(batch, searches.tags(), time.monotonic())
             with inference():
                 _send(conn, searches.add(batch, steps))
         if not searches:
@@ -122,16 +146,10 @@ def lane_main(options: dict, conn, head_start: float) -> None:
                 return
             continue
         start = time.monotonic()
-        ahead = any(b.ahead_until > start for b in searches.tags())
-        alone = ahead and ahead_time <= shared_time  # at most half the lane's time
+        only = turns.choose(searches.tags(), start)
         with inference():
-            _send(conn, searches.step(only=(lambda b: b.ahead_until > start) if alone else None))
-        if not ahead:
-            ahead_time = shared_time = 0.0
-        elif alone:
-            ahead_time += time.monotonic() - start
-        else:
-            shared_time += time.monotonic() - start
+            _send(conn, searches.step(only=only))
+        turns.took(only, time.monotonic() - start)
 
 
 def _send(conn, events) -> None:
