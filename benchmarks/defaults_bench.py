@@ -114,12 +114,15 @@ def main(argv=None) -> None:
     p.add_argument("-lines", type=int, default=1000)
     p.add_argument("-runs", type=int, default=3)
     p.add_argument("-loads", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
+    p.add_argument("-inputs", nargs="+", default=["lines", "one"], choices=["lines", "one"],
+                   help="the -lines lines, the first line alone")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     results = {"cpu": cpu(), "lines": args.lines, "runs": args.runs, "tables": []}
     with tempfile.TemporaryDirectory() as work:
         inputs = {}
-        for lines in (args.lines, 1):
+        counts = {"lines": args.lines, "one": 1}
+        for lines in (counts[name] for name in args.inputs):
             inputs[lines] = os.path.join(work, f"src.{lines}.txt")
             with open(args.src, encoding="utf-8") as f, \
                     open(inputs[lines], "w", encoding="utf-8") as out:

@@ -61,8 +61,8 @@ def torch_threads():
 def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torch_threads,
                                                       monkeypatch):
     """-inter_threads 0: several batches go to forked processes, one per core, each on one
-    torch thread (threads where processes cannot serve); a lone batch on as many threads as it
-    has sentences, up to the cores; the same output."""
+    torch thread (threads where processes cannot serve); a lone batch, even of one sentence, on
+    one thread per core; the same output."""
     model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2)
     lines = ["a b c", "d e", "f a b d", "c c", "e f a", "b"] * 4
     one = Translator(model, src_vocab, tgt_vocab, inter_threads=1)
@@ -72,7 +72,7 @@ def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torc
     assert auto._forks([batch] * 5) and not auto._forks([batch])
     assert auto._side_by_side([batch] * 5) == 2 and torch.get_num_threads() == 1
     assert auto._side_by_side([batch]) == 1 and torch.get_num_threads() == 2
-    assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 1
+    assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 2
     pools = []
     monkeypatch.setattr(translator_module, "WorkerPool",
                         lambda *args: pools.append(args[1]) or WorkerPool(*args))
@@ -106,3 +106,19 @@ def test_a_second_call_while_the_first_is_open(src_vocab, tgt_vocab):
         nested.append(t.preds)
         assert [u.preds for u in translator.translate(lines[:3], batch_size=1)] == alone[:3]
     assert nested == alone
+
+
+def test_a_model_loads_on_one_thread_and_decodes_on_the_threads_it_had(tmp_path, torch_threads,
+                                                                       monkeypatch):
+    """build_translator loads on one torch thread (an OpenMP team on a busy CPU waits for its
+    descheduled threads) and gives the process back its threads before decoding."""
+    from conftest import tiny_checkpoint
+    module = translator_module
+    path = tiny_checkpoint(tmp_path / "tiny.pt")
+    seen = []
+    load_model = module.load_model
+    monkeypatch.setattr(module, "load_model",
+                        lambda *args: seen.append(torch.get_num_threads()) or load_model(*args))
+    torch.set_num_threads(2)
+    translator = module.build_translator({"model": path})
+    assert seen == [1] and torch.get_num_threads() == 2 and translator.cores == 2
