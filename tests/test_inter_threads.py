@@ -61,8 +61,8 @@ def torch_threads():
 def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torch_threads,
                                                       monkeypatch):
     """-inter_threads 0: several batches go to forked processes, one per core, each on one
-    torch thread (threads where processes cannot serve); a lone batch, even of one sentence, on
-    one thread per core; the same output."""
+    torch thread (threads where processes cannot serve); a lone batch on as many threads as it
+    has sentences, up to the cores; the same output."""
     model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab, seed=2)
     lines = ["a b c", "d e", "f a b d", "c c", "e f a", "b"] * 4
     one = Translator(model, src_vocab, tgt_vocab, inter_threads=1)
@@ -72,7 +72,7 @@ def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torc
     assert auto._forks([batch] * 5) and not auto._forks([batch])
     assert auto._side_by_side([batch] * 5) == 2 and torch.get_num_threads() == 1
     assert auto._side_by_side([batch]) == 1 and torch.get_num_threads() == 2
-    assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 2
+    assert auto._side_by_side([([0], None, None, 0)]) == 1 and torch.get_num_threads() == 1
     pools = []
     monkeypatch.setattr(translator_module, "WorkerPool",
                         lambda *args: pools.append(args[1]) or WorkerPool(*args))

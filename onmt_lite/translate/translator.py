@@ -343,14 +343,16 @@ class Translator:
         intra-op threads to suit. Several batches go side by side, one per core, each on one
         torch thread: the fastest exact layout measured on every CPU, idle or busy, and one
         that never waits on OpenMP. A lone batch (a sentence from a pipe, a short file) gets
-        one torch thread per core (one sentence's step, beam 5, on an Intel Xeon: 22% faster
-        on two threads than on one)."""
+        one torch thread per core, at most one per sentence (one sentence's steps, beam 5, with
+        OpenMP's passive waiting: 12% slower on two threads than on one for the Transformer
+        fixture, level for the RNN, on an Intel Xeon)."""
         side_by_side = 1 if self.sampler is not None or self.device != "cpu" \
             or self.world_size > 1 else min(self.cores, len(batches))
         if side_by_side > 1:
             torch.set_num_threads(1)  # each pool thread takes this at its first product
         elif self.device == "cpu":
-            torch.set_num_threads(self.cores)
+            sentences = max((len(indices) for indices, *_ in batches), default=1)
+            torch.set_num_threads(max(1, min(self.cores, sentences)))
         return side_by_side
 
     def warm_up(self) -> None:
