@@ -473,10 +473,12 @@ class Translator:
                                else steps)
         else:
             hyps = self._beam_search(src, src_len, max_length)
+        late = [t for t in results if not t.preds]  # not answered as they ended (shared)
         for t, nbest in zip(results, hyps):
             if not t.preds:
                 self._fill(t, nbest)
-        return self._detokenized(results)
+        self._detokenized(late)
+        return results
 
     def _fill(self, t: Translation, nbest: List[Hypothesis]) -> None:
         t.preds = [self._target_tokens(hyp, t.src) for hyp in nbest]
