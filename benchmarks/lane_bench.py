@@ -27,23 +27,26 @@ from onmt_lite.translate.translator import build_translator  # noqa: E402
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
 
 
-def search(translator, lines):
+def search(translator, tokens, join: bool):
     twin = translator.__class__.__new__(translator.__class__)
     twin.__dict__.update(translator.__dict__, model=replica(translator.model))
-    tokens = [translator.source_tokens(line, i + 1) for i, line in enumerate(lines)]
-    return twin.batch_steps(list(range(len(tokens))), tokens, None, shared=True)
+    return twin.batch_steps(list(range(len(tokens))), tokens, None, shared=True, join=join)
 
 
-def in_flight(translator, lines, group: int, flight: int) -> float:
-    """Sentences per second with ``flight`` sentences kept in flight as batches of ``group``."""
-    queue, searches, live = list(lines), Searches(), 0
+def in_flight(translator, lines, group: int, flight: int, join: bool) -> float:
+    """Sentences per second with ``flight`` sentences kept in flight as batches of ``group``,
+    each a search of its own or, ``join``, joining the running search."""
+    queue = [translator.source_tokens(line, i + 1) for i, line in enumerate(lines)]
+    searches, live, current = Searches(), 0, None
     start = time.perf_counter()
     with inference():
         while queue or searches:
             while queue and live + group <= flight:
                 batch, queue = queue[:group], queue[group:]
                 live += len(batch)
-                searches.add(len(queue), search(translator, batch))
+                if not (join and searches.offer(current, batch)):
+                    current = object()
+                    searches.add(current, search(translator, batch, join))
             live -= sum(kind == "ended" for _, kind, _ in searches.step())
     return len(lines) / (time.perf_counter() - start)
 
@@ -55,8 +58,9 @@ def main(argv=None) -> None:
                                                 "test_2016_flickr.lc.tok.en"))
     p.add_argument("-lines", type=int, default=192)
     p.add_argument("-batch_size", type=int, default=32)
-    p.add_argument("-settings", nargs="+", default=["16x16", "1x16", "2x16", "4x16"],
-                   help="sentences a batch x sentences in flight")
+    p.add_argument("-settings", nargs="+", default=["16x16", "1x16", "2x16", "4x16", "1x16j",
+                                                    "1x32j"],
+                   help="sentences a batch x sentences in flight; j: batches join one search")
     p.add_argument("-json")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -69,10 +73,11 @@ def main(argv=None) -> None:
                "translate": len(lines) / (time.perf_counter() - start), "in_flight": {}}
     print(f"translate, batches of {args.batch_size} sorted: {results['translate']:.1f} sent/s")
     for setting in args.settings:
-        group, flight = (int(x) for x in setting.split("x"))
-        rate = in_flight(translator, lines, group, flight)
+        group, flight = (int(x) for x in setting.rstrip("j").split("x"))
+        rate = in_flight(translator, lines, group, flight, setting.endswith("j"))
         results["in_flight"][setting] = rate
-        print(f"batches of {group}, {flight} in flight: {rate:.1f} sent/s")
+        how = "joining one search" if setting.endswith("j") else "each a search"
+        print(f"batches of {group}, {flight} in flight, {how}: {rate:.1f} sent/s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

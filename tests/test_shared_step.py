@@ -109,19 +109,21 @@ def test_a_search_whose_step_fails_ends_alone():
 
 
 def test_a_small_batch_beside_long_ones_steps_alone_at_most_half_the_time():
-    """Turns, on a lane with a batch of 10 sentences: newcomers of 1 sentence, arriving one after
-    another, take steps alone, but the batch of 10 still gets half the lane's time; a newcomer
-    as large as the batches there steps with them."""
-    from onmt_lite.serve.lanes import Turns, _Batch
+    """Turns, on a lane with a search of a batch of 10 sentences: newcomers of 1 sentence,
+    arriving one after another, take steps alone, but the batch of 10 still gets half the lane's
+    time; a newcomer as large as the batches there steps with them."""
+    from onmt_lite.serve.lanes import Turns, _Batch, _Search
 
-    def batch(sentences):
-        return _Batch(0, list(range(sentences)), False)
-    turns, long = Turns(head_start=0.5), batch(10)
+    def search(sentences):
+        found = _Search((1, False))
+        found.add(_Batch(0, list(range(sentences)), False))
+        return found
+    turns, long = Turns(head_start=0.5), search(10)
     running, now, long_time, alone_steps = [long], 0.0, 0.0, 0
     while now < 5:
-        if not any(b.ahead_until > now for b in running[1:]):  # the next short request
-            short = batch(1)
-            turns.admit(short, [long], now)
+        if not any(s.ahead_until > now for s in running[1:]):  # the next short request
+            short = search(1)
+            short.ahead_until = turns.ahead_until(1, [long], now)
             assert short.ahead_until == now + 0.5
             running = [long, short]
         only = turns.choose(running, now)
@@ -131,6 +133,5 @@ def test_a_small_batch_beside_long_ones_steps_alone_at_most_half_the_time():
         turns.took(only, seconds)
         now += seconds
     assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
-    equal = batch(10)
-    turns.admit(equal, [long], now)
-    assert equal.ahead_until == 0.0 and turns.choose([long, equal], now) is None
+    assert turns.ahead_until(10, [long], now) == 0.0 and turns.choose([long, search(10)],
+                                                                      now) is None

@@ -44,6 +44,9 @@ class EnsembleModel:
         self.models, self.raw_probs = list(models), raw_probs
         self.decoder = EnsembleDecoder([m.decoder for m in self.models])
 
+    def joinable(self) -> bool:
+        return False  # each decoder would join on its own: not built
+
     def encode(self, src: torch.Tensor, src_len: torch.Tensor):
         memories, finals = zip(*(m.encode(src, src_len) for m in self.models))
         return list(memories), list(finals)

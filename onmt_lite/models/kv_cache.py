@@ -9,8 +9,14 @@ block r // group, anywhere inside it. So a reorder copies only the rows that can
 their history is: a hypothesis continued twice (its second child) and the sentences that move
 into the blocks of sentences that left. Only more rows than the buffer holds (beam tiling)
 copies everything, into a new buffer.
+
+Rows may also stand at positions of their own (``at``: sentences that joined a running search,
+search/loop.py): each writes its keys and values at its own position and reads the columns up to
+the furthest row's, the columns past its own masked by the decoder. Masked columns are weighted
+by an exact zero, so from then on every buffer is made with zeroed memory (a NaN there would
+spread).
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -50,6 +56,7 @@ class KVCache:
         self.slot = torch.arange(rows, device=device)  # buffer row of each logical row
         self.inverse = self.slot  # logical row held by each buffer row in use
         self.in_order = True  # slot is the identity
+        self.at: Optional[torch.Tensor] = None  # each buffer row's own position, if rows differ
 
     def live(self) -> torch.Tensor:
         return self.buffer[:, :, :self.rows, :, :self.length]
@@ -68,14 +75,41 @@ class KVCache:
                values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Writes (rows, heads, T, dim) keys/values after the prefix, in buffer order; returns the
         whole of this layer's keys and values, prefix included, as views. ``advance`` moves on."""
-        end = self.length + keys.size(2)
         layer_buffer = self.buffer[layer, :, :self.rows]
+        if self.at is not None:  # one position a row, each its own
+            rows = torch.arange(self.rows, device=keys.device)
+            layer_buffer[0][rows, :, self.at] = keys.squeeze(2)
+            layer_buffer[1][rows, :, self.at] = values.squeeze(2)
+            return layer_buffer[0, :, :, :self.length + 1], layer_buffer[1, :, :, :self.length + 1]
+        end = self.length + keys.size(2)
         layer_buffer[0, :, :, self.length:end] = keys
         layer_buffer[1, :, :, self.length:end] = values
         return layer_buffer[0, :, :, :end], layer_buffer[1, :, :, :end]
 
     def advance(self, steps: int) -> None:
         self.length += steps
+
+    def own_positions(self) -> None:
+        """From now on rows may stand at positions of their own (``at``, set before each step
+        by the decoder; ``length`` then counts the columns up to the furthest row's)."""
+        if self.new is not torch.zeros:
+            self.new = torch.zeros
+            self.buffer[..., self.length:, :].zero_()
+
+    def add_rows(self, count: int) -> None:
+        """``count`` new logical rows after the others, with empty histories."""
+        rows = self.rows + count
+        if rows > self.buffer.size(2):
+            shape = list(self.buffer.shape)
+            shape[2] = max(rows, 2 * self.buffer.size(2))
+            larger = self.new(shape, dtype=self.buffer.dtype, device=self.buffer.device)
+            larger[:, :, :self.rows] = self.buffer[:, :, :self.rows]
+            self.buffer = larger
+        else:
+            self.buffer[:, :, self.rows:rows].zero_()
+        added = torch.arange(self.rows, rows, device=self.slot.device)
+        self.slot, self.inverse = torch.cat([self.slot, added]), torch.cat([self.inverse, added])
+        self.rows = rows
 
     def to_buffer(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` from logical to buffer order."""

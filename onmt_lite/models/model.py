@@ -47,6 +47,10 @@ class NMTModel(nn.Module):
         """src (B, S) -> memory (B, S, H) and the encoder's final state (RNN only)."""
         return self.encoder(src, src_len)
 
+    def joinable(self) -> bool:
+        """Whether sentences may join its decoder between steps (TransformerDecoder.join)."""
+        return getattr(self.decoder, "joinable", lambda: False)()
+
     def log_probs(self, dec_out: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V) log-probabilities over the target vocabulary."""
         return torch.log_softmax(self.generator(dec_out).float(), dim=-1)

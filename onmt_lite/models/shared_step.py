@@ -71,11 +71,11 @@ def _log_probs(requests: Sequence[Tuple[NMTModel, torch.Tensor]]) -> List[torch.
 def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor]]):
     """TransformerDecoder.step (its forward for one token a row), for several decoders."""
     decoders = [decoder for decoder, _ in requests]
-    parts = []
+    parts, masks = [], []
     for decoder, tokens in requests:  # positions are checked before any cache is written
-        decoder.cache.reserve(1)
-        parts.append(decoder.embeddings(decoder.cache.to_buffer(tokens).unsqueeze(1),
-                                        start=decoder.position))
+        part, mask = decoder._inputs(tokens.unsqueeze(1), decoder.cache)
+        parts.append(part)
+        masks.append(mask)
     sizes = [part.size(0) for part in parts]
     x = torch.cat(parts)
     attns = None
@@ -85,9 +85,10 @@ def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor
         queries = self_attn.project_query(normed).split(sizes)
         keys, values = self_attn.project_kv(normed)
         contexts = []
-        for decoder, q, k, v in zip(decoders, queries, keys.split(sizes), values.split(sizes)):
+        for decoder, q, k, v, mask in zip(decoders, queries, keys.split(sizes),
+                                          values.split(sizes), masks):
             k, v = decoder.cache.append(i, k, v)
-            context, _ = self_attn.attention(q, k, v, None)
+            context, _ = self_attn.attention(q, k, v, mask)
             contexts.append(self_attn.merge_heads(context, q.size(0), 1))
         self_out = self_attn.final_linear(torch.cat(contexts))
         query = layer.after(layer.layer_norm_1, layer.dropout(self_out) + x)
@@ -105,8 +106,7 @@ def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor
     outs = decoders[0].layer_norm(x).squeeze(1).split(sizes)
     results = []
     for decoder, out, attn in zip(decoders, outs, attns):
-        decoder.position += 1
-        decoder.cache.advance(1)
+        decoder._advance(1)
         attn = attn[:, 0].reshape(out.size(0), -1)  # head 0 of the last layer, as forward's
         results.append((decoder.cache.from_buffer(out), decoder.cache.from_buffer(attn)))
     return results
@@ -116,17 +116,31 @@ class Searches:
     """Searches that run side by side: step generators in shared mode (search_steps), whose
     requests run together at each step. ``add`` and ``step`` return what happened, as (tag,
     kind, value): ("ended", (sentence, its result)) for each sentence that ended, ("done", what
-    the search returned) or ("error", the exception it raised) for each search that ended. One
-    search's error ends only that search. Call them under ``inference()``."""
+    the search returned) or ("error", the exception it raised) for each search that ended,
+    after ("unjoined", what was offered to it) where it ended with offers it had not taken.
+    One search's error ends only that search. Call them under ``inference()``.
+
+    A search that asks ``("join",)`` between its steps takes sentences into itself: ``offer``
+    hands it what it takes at its next such request."""
 
     def __init__(self):
         self.running: List[list] = []  # [tag, generator, its next request]
+        self.joining = set()  # the tags of searches that take sentences between steps
+        self.offers = {}  # tag -> what it takes at its next join
 
     def __len__(self) -> int:
         return len(self.running)
 
     def tags(self) -> list:
         return [tag for tag, _, _ in self.running]
+
+    def offer(self, tag, batch) -> bool:
+        """Queues ``batch`` for the running search ``tag`` to take at its next join; False if
+        it takes none."""
+        if tag not in self.joining:
+            return False
+        self.offers.setdefault(tag, []).append(batch)
+        return True
 
     def add(self, tag, steps) -> List[tuple]:
         """Starts ``steps``: it runs to its first request (the encoder runs here)."""
@@ -152,15 +166,24 @@ class Searches:
             try:
                 request = steps.throw(result) if isinstance(result, Exception) \
                     else steps.send(result)
-                while request[0] == "ended":  # a sentence ended: nothing to run for it
-                    events.append((tag, "ended", request[1:]))
-                    request = steps.send(None)
+                while request[0] in ("ended", "join"):  # nothing to run for these
+                    if request[0] == "ended":
+                        events.append((tag, "ended", request[1:]))
+                        request = steps.send(None)
+                    else:
+                        self.joining.add(tag)
+                        request = steps.send(self.offers.pop(tag, None))
                 search[2] = request
                 self.running.append(search)
+                continue
             except StopIteration as end:
-                events.append((tag, "done", end.value))
+                ending = (tag, "done", end.value)
             except Exception as err:  # noqa: BLE001 - the search's own error, returned
-                events.append((tag, "error", err))
+                ending = (tag, "error", err)
+            self.joining.discard(tag)
+            if tag in self.offers:
+                events.append((tag, "unjoined", self.offers.pop(tag)))
+            events.append(ending)
         return events
 
 

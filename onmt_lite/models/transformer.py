@@ -1,7 +1,7 @@
 """Transformer encoder and incremental decoder: OpenNMT-py's pre-norm layout, and the post-norm
 layout of Marian (Hugging Face ``MarianMTModel``) with the same modules in other places."""
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -49,12 +49,16 @@ class PositionalEmbeddings(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.embeddings.weight
 
-    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """tokens (B, T) at positions start.. -> (B, T, dim)."""
-        if start + tokens.size(1) > self.max_len:
+    def forward(self, tokens: torch.Tensor, start: Union[int, torch.Tensor] = 0) -> torch.Tensor:
+        """tokens (B, T) at positions start.. -> (B, T, dim); ``start`` (B,): each row's own
+        (T = 1)."""
+        at = start if isinstance(start, int) else int(start.max())
+        if at + tokens.size(1) > self.max_len:
             raise ValueError(f"sequence longer than {self.max_len} positions")
         emb = self.embeddings(tokens) * self.scale
-        return self.dropout(emb + self.pe[start:start + tokens.size(1)])
+        pe = self.pe[start:start + tokens.size(1)] if isinstance(start, int) \
+            else self.pe.index_select(0, start).unsqueeze(1)
+        return self.dropout(emb + pe)
 
 
 class Residual(nn.Module):
@@ -213,6 +217,66 @@ class TransformerDecoder(nn.Module):
         self.cache.reorder(fn(self.cache.slot, 0), mapped.group)
         self.state, self.group = mapped.state, mapped.group
 
+    def joinable(self) -> bool:
+        """Whether ``join`` may add sentences (the plain layers' step, not compiled)."""
+        return self.compiled_step is None and all(type(layer) is DecoderLayer
+                                                  for layer in self.layers)
+
+    def join(self, src_len: torch.Tensor, memory: torch.Tensor, rows: int) -> None:
+        """Adds sentences, ``rows`` decoder rows each, at position 0 beside the rows decoding
+        (a search that sentences join between steps, search/loop.py). From then on each row
+        has a position of its own (state ``positions``), its self-attention masked past it;
+        sources are padded to the longest."""
+        s, layers = self.state, self.layers
+        count = src_len.size(0)
+        if "positions" not in s:
+            s["positions"] = torch.full_like(s["sentence"], self.position)
+            self.cache.own_positions()
+        width = max(s["src_mask"].size(-1), memory.size(1))
+        per_source = 1 if self.group == rows else rows  # source entries: one a sentence or row
+        added = {"src_mask": layers[0].source_mask(padding_mask(src_len, memory.size(1))
+                                                   .unsqueeze(1))}
+        for i, layer in enumerate(layers):
+            added[f"memory_keys.{i}"], added[f"memory_values.{i}"] = layer.memory_kv(memory)
+        for key, value in added.items():
+            old = s[key]
+            s[key] = torch.cat([_pad_source(old, width, key == "src_mask"),
+                                _pad_source(value, width, key == "src_mask")
+                                .repeat_interleave(per_source, dim=0)])
+        first = int(s["sentence"].max()) + 1 if s["sentence"].numel() else 0
+        s["sentence"] = torch.cat([s["sentence"], torch.arange(
+            first, first + count, device=memory.device).repeat_interleave(rows)])
+        s["positions"] = torch.cat([s["positions"], s["positions"].new_zeros(count * rows)])
+        self.cache.add_rows(count * rows)
+
+    def _inputs(self, tgt: torch.Tensor, cache: Optional[KVCache]):
+        """``tgt`` (B, T) embedded at its positions (in the cache's row order) and the
+        self-attention mask (True = masked); the cache made ready to take T positions."""
+        length, positions = tgt.size(1), self.state.get("positions")
+        if cache is not None:
+            tgt = cache.to_buffer(tgt)
+            if positions is not None:  # rows at positions of their own: one step
+                at = cache.to_buffer(positions)
+                cache.length = int(at.max())  # the columns the furthest row has written
+                cache.reserve(1)
+                cache.at = at
+                mask = torch.arange(cache.length + 1, device=tgt.device) > at.unsqueeze(1)
+                return self.embeddings(tgt, start=at), mask.view(tgt.size(0), 1, 1, -1)
+            cache.reserve(length)
+        x = self.embeddings(tgt, start=self.position)
+        total = self.position + length
+        self_mask = None if length == 1 else torch.ones(  # True above the diagonal = future
+            length, total, dtype=torch.bool, device=tgt.device).triu_(self.position + 1)
+        return x, self_mask
+
+    def _advance(self, length: int) -> None:
+        """The position(s) after a step of ``length`` tokens."""
+        self.position += length
+        if "positions" in self.state:
+            self.state["positions"] = self.state["positions"] + length
+        if self.cache is not None and not torch.is_grad_enabled():
+            self.cache.advance(length)
+
     def forward(self, tgt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decodes ``tgt`` (B, T) after the cached prefix; returns (B, T, H) and (B, T, S).
 
@@ -225,23 +289,16 @@ class TransformerDecoder(nn.Module):
         if cache is None and self.position > 0:
             raise RuntimeError("incremental decoding (a step after the first) needs "
                                "torch.no_grad() or torch.inference_mode()")
-        if cache is not None:
-            cache.reserve(length)
-            tgt = cache.to_buffer(tgt)
-        x = self.embeddings(tgt, start=self.position)
-        total = self.position + length
-        self_mask = None if length == 1 else torch.ones(  # True above the diagonal = future
-            length, total, dtype=torch.bool, device=tgt.device).triu_(self.position + 1)
+        x, self_mask = self._inputs(tgt, cache)
         attn = None
         for i, layer in enumerate(self.layers):
             memory_kv = (s[f"memory_keys.{i}"], s[f"memory_values.{i}"])
             x, attn = layer(x, cache, i, self_mask, memory_kv, s["src_mask"], self.group)
-        self.position = total
+        self._advance(length)
         # head 0 of the last layer's context attention, as OpenNMT-py reports
         attn = attn[:, 0].reshape(tgt.size(0), length, -1)
         if cache is None:
             return self.layer_norm(x), attn
-        cache.advance(length)
         return cache.from_buffer(self.layer_norm(x)), cache.from_buffer(attn)
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -250,3 +307,15 @@ class TransformerDecoder(nn.Module):
             return self.compiled_step(self, tokens)
         out, attn = self.forward(tokens.unsqueeze(1))
         return out.squeeze(1), attn.squeeze(1)
+
+
+def _pad_source(entry: torch.Tensor, width: int, mask: bool) -> torch.Tensor:
+    """A source entry (sources first; the source positions last for the mask, third for
+    memory keys/values) padded to ``width`` positions: masked, or zero."""
+    dim = -1 if mask else 2
+    missing = width - entry.size(dim)
+    if missing == 0:
+        return entry
+    shape = list(entry.shape)
+    shape[dim] = missing
+    return torch.cat([entry, entry.new_full(shape, True if mask else 0)], dim=dim)

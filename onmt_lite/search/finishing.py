@@ -57,6 +57,37 @@ class OnmtSlots:
         self.best = [-1e10] * batch  # -ratio: the best finished score per token
         self.sentences = list(range(batch))  # the batch's sentence at each live position
         self.src_lengths = (~padding[::k]).sum(1).tolist()
+        self.born: Optional[List[int]] = None  # each sentence's first step, once some joined
+        self.max_lengths: List[int] = []  # each sentence's own limit, once some joined
+
+    @property
+    def joinable(self) -> bool:
+        """Sentences may join between steps (``join``): no rule here reads the batch as a
+        whole (-ratio reads other rows' source lengths; coverage and its penalties the source
+        width)."""
+        return self.ratio <= 0 and not self.scorer.has_cov_pen
+
+    def join(self, count: int, padding: torch.Tensor, max_length: int, step: int) -> None:
+        """``count`` sentences, their rows' source ``padding`` (count * k, S), start at ``step``
+        (their own first) and end by their own ``max_length``."""
+        if self.born is None:
+            self.born = [1] * self.scores.size(0)
+            self.max_lengths = [self.max_length] * self.scores.size(0)
+        self.born += [step] * count
+        self.max_lengths += [max_length] * count
+        scores = torch.full((count, self.k), float("-inf"), device=padding.device)
+        scores[:, 0] = 0.0
+        self.scores = torch.cat([self.scores, scores])
+        width = max(self.padding.size(1), padding.size(1))
+        self.padding = torch.cat([_pad_mask(self.padding, width), _pad_mask(padding, width)])
+        self.finished += [[] for _ in range(count)]
+        self.best += [-1e10] * count
+        first = max(self.sentences, default=-1) + 1
+        self.sentences += range(first, first + count)  # (their source lengths: -ratio only)
+
+    def _own(self, step: int) -> List[int]:
+        """Each sentence's own step."""
+        return [step - born + 1 for born in self.born]
 
     def _cov_penalty(self, coverage: torch.Tensor) -> torch.Tensor:
         return self.scorer.cov_penalty(coverage.masked_fill(self.padding, 1.0))
@@ -69,6 +100,11 @@ class OnmtSlots:
             self.scores = (self.scores + self.prev_penalty
                            - self._cov_penalty(self.coverage + attn).view(n, self.k))
         curr = log_probs.add_(self.scores.view(-1, 1))  # in place: no new (rows, V) buffer
+        if self.born is not None:  # a penalty per sentence, at its own step
+            self.lp = torch.tensor([[self.scorer.length_penalty(own + 1)] for own in
+                                    self._own(step)], device=curr.device)
+            curr.view(n, self.k, -1).div_(self.lp.unsqueeze(2))
+            return curr
         self.lp = self.scorer.length_penalty(step + 1)  # +1: the </s> that may follow
         if self.lp != 1:
             curr.div_(self.lp)
@@ -91,8 +127,15 @@ class OnmtSlots:
                 self.prev_penalty = self._cov_penalty(self.coverage).view(n, k)
             if not self.stepwise:
                 top = top - self._cov_penalty(self.coverage).view(n, k)
-        ended = tokens.eq(self.eos) if step < self.max_length else torch.ones_like(
-            tokens, dtype=torch.bool)
+        own = [step] * n if self.born is None else self._own(step)
+        if self.born is None:
+            ended = tokens.eq(self.eos) if step < self.max_length else torch.ones_like(
+                tokens, dtype=torch.bool)
+        else:
+            last = [s >= limit for s, limit in zip(own, self.max_lengths)]
+            ended = tokens.eq(self.eos)
+            if any(last):
+                ended |= torch.tensor(last, device=tokens.device).unsqueeze(1)
         done = {}
         if bool(ended.any()):
             scores = scores.masked_fill(ended, FINISHED_SCORE)
@@ -100,7 +143,7 @@ class OnmtSlots:
             for i in range(n):
                 for j in (j for j in range(k) if ended_rows[i][j]):
                     self.finished[i].append((top[i][j], *path(i * k + j)))
-                    self.best[i] = max(self.best[i], top[i][j] / (step + 2))
+                    self.best[i] = max(self.best[i], top[i][j] / (own[i] + 2))
                 if any(ended_rows[i]) and self._stops(i, ended_rows[i], top[i][0]) and \
                         len(self.finished[i]) >= self.n_best:
                     ranked = sorted(self.finished[i], key=lambda f: f[0], reverse=True)
@@ -131,6 +174,9 @@ class OnmtSlots:
         self.finished = [self.finished[i] for i in sentences.tolist()]
         self.best = [self.best[i] for i in sentences.tolist()]
         self.sentences = [self.sentences[i] for i in sentences.tolist()]
+        if self.born is not None:
+            self.born = [self.born[i] for i in sentences.tolist()]
+            self.max_lengths = [self.max_lengths[i] for i in sentences.tolist()]
 
 
 EARLY_STOPPING = ("true", "false", "never")
@@ -512,3 +558,8 @@ class AliveFinished:
         self.scores = self.scores.index_select(0, sentences)
         self.flags = self.flags.index_select(0, sentences)
         self.slots = [self.slots[i] for i in sentences.tolist()]
+
+
+def _pad_mask(padding: torch.Tensor, width: int) -> torch.Tensor:
+    """(rows, S) source padding widened to ``width`` columns, the new ones padding."""
+    return torch.cat([padding, padding.new_ones(padding.size(0), width - padding.size(1))], 1)

@@ -6,6 +6,7 @@ results of one Beam per sentence (beam.py). Greedy search and sampling are this 
 hypothesis per sentence. Only bookkeeping of finished hypotheses touches Python lists, and only
 at steps where some hypothesis ends.
 """
+import itertools
 from dataclasses import dataclass, field
 from typing import Generator, Iterator, List, Optional, Sequence
 
@@ -33,6 +34,13 @@ class Search:
     selection: object = field(default_factory=TopK)
     on_logits: bool = False
 
+    def joinable(self) -> bool:
+        """Whether sentences may join this search between its steps (search_steps' ``join``):
+        its rule and processors take sentences at steps of their own."""
+        return bool(getattr(self.rule, "joinable", False)) and isinstance(
+            self.selection, TopK) and all(
+            p.step_free for p in (*self.processors, *self.candidate_processors))
+
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
                 beam_size: int, bos: int, keep_attention: bool = True) -> List[List[Hypothesis]]:
@@ -51,8 +59,8 @@ def run_to_end(steps: Iterator):
 
 
 def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
-                 beam_size: int, bos: int, keep_attention: bool = True, shared: bool = False
-                 ) -> Generator[Optional[tuple], object, List[List[Hypothesis]]]:
+                 beam_size: int, bos: int, keep_attention: bool = True, shared: bool = False,
+                 join: bool = False) -> Generator[Optional[tuple], object, List[List[Hypothesis]]]:
     """Searches a batch one decoder step per ``next``; finished sentences leave the decoder
     state. Between steps the caller may run other searches, each with its own decoder state.
 
@@ -61,6 +69,13 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     back the result, having run it with other searches' requests (models/shared_step.py: the
     server's lanes decode their batches' steps together). It also yields ``("ended", sentence,
     n-best)`` as each sentence ends (the caller sends back None).
+
+    With ``join`` (and ``shared``; the search must be ``joinable``), the search yields
+    ``("join",)`` before each step, and the caller sends back None or new
+    sentences to decode beside the others: a list of (src, src_len, max_length) batches,
+    numbered after the sentences already in the search. Each row then decodes at a position of
+    its own (the decoder's ``join``), each sentence has its own step count and limit (the
+    rule's ``join``), and a sentence's history starts at the step it joined.
 
     Args:
         src: (B, S) source ids; src_len: (B,) lengths.
@@ -87,8 +102,34 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     rule.start(batch, k, padding)
     lengths = src_len.tolist()
     results: List[Optional[List[Hypothesis]]] = [None] * batch
+    start = [0] * batch  # each sentence's column of <s> in seqs (joins: left padding)
 
-    for step in range(1, rule.max_length + 1):  # step = prefix length, <s> included
+    for step in itertools.count(1):  # step = prefix length, <s> included (the first sentences')
+        if not join and step > rule.max_length:
+            break
+        if join:
+            for src_new, len_new, max_length in (yield "join",) or ():
+                memory, _ = model.encode(src_new, len_new)
+                dec.join(len_new, memory, 1 if step == 1 else k)  # step 1: one row a sentence
+                count = src_new.size(0)
+                if keep_attention and src_new.size(1) > attn_hist.size(2):
+                    attn_hist = _pad_last(attn_hist, src_new.size(1))
+                rule.join(count, (torch.arange(src_new.size(1), device=device) >= len_new
+                                  .unsqueeze(1)).repeat_interleave(k, dim=0), max_length, step)
+                live += range(len(results), len(results) + count)
+                results += [None] * count
+                lengths += len_new.tolist()
+                columns = seqs.size(1)  # <s> goes in the last: the sentences start here
+                start += [columns - 1] * count
+                seqs = torch.cat([seqs, seqs.new_full((count * k, columns), bos)])
+                attn_hist = torch.cat([attn_hist, attn_hist.new_zeros(
+                    count * k, columns - 1, attn_hist.size(2))])
+            first = min(start[i] for i in live)  # columns no live sentence reads
+            if first > 0:
+                seqs, attn_hist = seqs[:, first:], attn_hist[:, first:]
+                for i in live:
+                    start[i] -= first
+            attn_width = attn_hist.size(2)
         n = len(live)
         # b. One decoder step for all live hypotheses.
         if step == 1 and k > 1:
@@ -134,7 +175,9 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
                                cand_attn[:, None, :attn_width]], dim=1)
 
         def path(c: int):  # candidate c's tokens and attention, without source padding
-            return cand_seqs[c, 1:], cand_hist[c, :, :lengths[live[c // width]]]
+            sentence = live[c // width]
+            return (cand_seqs[c, start[sentence] + 1:],
+                    cand_hist[c, start[sentence]:, :lengths[sentence]])
 
         # e. The rule records what ended and says what runs on and which sentences are done.
         going_on, done = rule.advance(values, rows, tokens, step, cand_attn, path)
@@ -181,6 +224,11 @@ def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
     if shared:
         return (yield kind, owner, x)
     return owner.step(x) if kind == "step" else owner.log_probs(x)
+
+
+def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` with zeros appended to its last dimension, to ``width``."""
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], width - x.size(-1))], dim=-1)
 
 
 def _repeat(out, k: int):

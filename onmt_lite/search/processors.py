@@ -16,6 +16,7 @@ NEG_INF = float("-inf")
 
 class Processor:
     stateful = False  # keeps per-row state: follows advance and keep
+    step_free = False  # reads neither the step nor the history (rows may be at steps of their own)
 
     def __call__(self, scores: torch.Tensor, step: int, history: torch.Tensor) -> None:
         raise NotImplementedError
@@ -40,6 +41,7 @@ class MinLength(Processor):
 
 class BanToken(Processor):
     """A token never generated, with score ``value`` (OpenNMT-py's ``-ban_unk_token``)."""
+    step_free = True
 
     def __init__(self, token: int, value: float):
         self.token, self.value = token, value
@@ -105,6 +107,7 @@ class BannedTokens(Processor):
     """Tokens never generated (Hugging Face's single-token ``bad_words_ids``). ``renormalise``:
     the other tokens' log-probabilities sum to 1 again, as when the ban acts on logits (greedy
     ``generate``); Hugging Face's beam search bans after the softmax and does not."""
+    step_free = True
 
     def __init__(self, ids: Sequence[int], renormalise: bool):
         self.ids, self.renormalise = list(ids), renormalise
@@ -118,6 +121,7 @@ class BannedTokens(Processor):
 class Renormalise(Processor):
     """Log-probabilities that sum to 1 again after the other processors (Hugging Face's
     ``renormalize_logits``)."""
+    step_free = True
 
     def __call__(self, scores, step, history):
         scores.copy_(torch.log_softmax(scores, dim=-1))

@@ -81,32 +81,53 @@ class _Batch:
     id: int
     order: List[int]  # the batch's sentences in decoding order (by length)
     attention: bool
-    ahead_until: float = 0.0  # until when it steps alone (its head start)
     sent: set = dataclasses.field(default_factory=set)  # its sentences answered (places)
+    over: bool = False  # its end (or error) sent
+
+
+@dataclasses.dataclass(eq=False)
+class _Search:
+    """One of the lane's searches and the batches it decodes: several where batches joined it
+    between its steps; ``places``: its sentences in its own order, as (batch, place)."""
+    key: tuple  # the settings (n_best, attention) of its batches
+    batches: List[_Batch] = dataclasses.field(default_factory=list)
+    places: List[tuple] = dataclasses.field(default_factory=list)
+    ahead_until: float = 0.0  # until when it steps alone (its head start)
+
+    def add(self, batch: _Batch) -> None:
+        self.batches.append(batch)
+        self.places += [(batch, place) for place in range(len(batch.order))]
+
+    def smallest(self) -> int:
+        """The sentences of its smallest batch still decoding."""
+        return min((len(b.order) for b in self.batches if not b.over), default=0)
 
 
 class Turns:
-    """Which of a lane's batches take the next step: a small batch that joined busy batches
-    (at most half the sentences of each) steps alone for ``head_start`` seconds, its steps
-    alternating with steps of every batch so that those it takes alone use at most half the
-    lane's time; otherwise every batch steps."""
+    """Which of a lane's searches take the next step: a small batch that arrives beside busy
+    searches (at most half the sentences of each one's smallest batch) steps alone, as a
+    search of its own, for ``head_start`` seconds, its steps alternating with steps of every
+    search so that those it takes alone use at most half the lane's time; otherwise every
+    search steps."""
 
     def __init__(self, head_start: float):
         self.head_start = head_start
-        self.alone = self.together = 0.0  # seconds of steps while some batch is ahead
+        self.alone = self.together = 0.0  # seconds of steps while some search is ahead
 
-    def admit(self, batch: _Batch, running: List[_Batch], now: float) -> None:
-        others = [b for b in running if b.ahead_until <= now]
-        if others and 2 * len(batch.order) <= min(len(b.order) for b in others):
-            batch.ahead_until = now + self.head_start
+    def ahead_until(self, sentences: int, running: List[_Search], now: float) -> float:
+        """Until when a batch of ``sentences`` arriving now steps alone (0: it does not)."""
+        others = [s for s in running if s.ahead_until <= now]
+        if others and 2 * sentences <= min(s.smallest() for s in others):
+            return now + self.head_start
+        return 0.0
 
-    def choose(self, running: List[_Batch], now: float):
-        """None: every batch steps; else the test of the batches that step alone."""
-        if not any(b.ahead_until > now for b in running):
+    def choose(self, running: List[_Search], now: float):
+        """None: every search steps; else the test of the searches that step alone."""
+        if not any(s.ahead_until > now for s in running):
             self.alone = self.together = 0.0
             return None
         if self.alone <= self.together:
-            return lambda b: b.ahead_until > now
+            return lambda s: s.ahead_until > now
         return None
 
     def took(self, only, seconds: float) -> None:
@@ -126,60 +147,109 @@ def lane_main(options: dict, conn, head_start: float) -> None:
         conn.send(("failed", f"{type(err).__name__}: {err}"))
         return
     conn.send(("ready",))
-    variants, searches, turns, stopping = {}, Searches(), Turns(head_start), False
+    lane = _LaneSearches(translator, Turns(head_start))
+    stopping = False
     while True:
-        while not stopping and conn.poll(None if not searches else 0):
+        while not stopping and conn.poll(None if not lane.searches else 0):
             message = conn.recv()
             if message[0] == "stop":
                 stopping = True
                 break
             _, batch_id, tokens, n_best, attention = message
-            key = (n_best, attention)
-            if key not in variants:
-                variants[key] = _variant(translator, n_best, attention)
-            batch, steps = _start(variants[key], batch_id, tokens, attention)
-            turns.admit(batch, searches.tags(), time.monotonic())
+            order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
             with inference():
-                _send(conn, searches.add(batch, steps))
-        if not searches:
+                lane.admit(conn, _Batch(batch_id, order, attention), [tokens[i] for i in order],
+                           n_best)
+        if not lane.searches:
             if stopping:
                 return
             continue
-        start = time.monotonic()
-        only = turns.choose(searches.tags(), start)
         with inference():
-            _send(conn, searches.step(only=only))
-        turns.took(only, time.monotonic() - start)
+            lane.step(conn)
 
 
-def _send(conn, events) -> None:
-    """Each sentence's translation as it ends, then each batch's end (with the translations of
-    sentences not sent yet: none ended in the search), or its error, to the server."""
-    for batch, kind, value in events:
-        if kind == "ended":
-            place, translation = value
-            batch.sent.add(place)
-            conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
-        elif kind == "done":
-            results = [None] * len(value)
-            for place, translation in enumerate(value):
-                if place not in batch.sent:
-                    results[batch.order[place]] = _result(batch, translation)
-            conn.send(("done", batch.id, results))
-        else:  # a batch that fails fails its sentences not yet answered
-            conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
+class _LaneSearches:
+    """A lane's searches: a batch that arrives joins the running search of its settings at
+    its next step (its rows beside the others', each sentence at its own step), unless it
+    takes a head start (Turns) or that search cannot take sentences (then the batch is a
+    search of its own, stepping beside the others)."""
 
+    def __init__(self, translator, turns: Turns):
+        self.translator, self.turns = translator, turns
+        self.variants = {}  # (n_best, attention) -> the translator with those settings
+        self.searches = Searches()
+        self.open = {}  # (n_best, attention) -> the search that batches of those settings join
 
-def _start(translator, batch_id: int, tokens: List[List[str]], attention: bool):
-    """The batch and its search (a step generator in shared mode), sentences sorted by length
-    as translate.py sorts them."""
-    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
-    ordered = [tokens[i] for i in order]
-    twin = copy.copy(translator)  # a decoder state of its own: other batches step in between
-    model = translator.model
-    twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
-    steps = twin.batch_steps(list(range(len(ordered))), ordered, None, shared=True)
-    return _Batch(batch_id, order, attention), steps
+    def admit(self, conn, batch: _Batch, ordered: List[List[str]], n_best: int) -> None:
+        """Starts decoding ``batch``, its sentences' tokens ``ordered`` as its ``order``."""
+        key = (n_best, batch.attention)
+        ahead = self.turns.ahead_until(len(ordered), self.searches.tags(), time.monotonic())
+        search = self.open.get(key)
+        if not ahead and search is not None and not any(
+                self.translator.empty_source(t) for t in ordered) \
+                and self.searches.offer(search, ordered):
+            search.add(batch)
+            return
+        if key not in self.variants:
+            self.variants[key] = _variant(self.translator, n_best, batch.attention)
+        search = _Search(key, ahead_until=ahead)
+        search.add(batch)
+        twin = copy.copy(self.variants[key])  # a decoder state of its own
+        model = twin.model
+        twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
+        steps = twin.batch_steps(list(range(len(ordered))), ordered, None, shared=True,
+                                 join=not ahead)
+        events = self.searches.add(search, steps)
+        if search in self.searches.joining:
+            self.open[key] = search
+        self._send(conn, events)
+
+    def step(self, conn) -> None:
+        start = time.monotonic()
+        only = self.turns.choose(self.searches.tags(), start)
+        events = self.searches.step(only=only)
+        self.turns.took(only, time.monotonic() - start)
+        self._send(conn, events)
+
+    def _send(self, conn, events) -> None:
+        """Each sentence's translation as it ends, each batch's end once all its sentences are
+        sent (with the translations of those not sent yet: none ended in the search), or its
+        error, to the server."""
+        for search, kind, value in events:
+            if kind == "ended":
+                index, translation = value
+                batch, place = search.places[index]
+                batch.sent.add(place)
+                conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
+                if len(batch.sent) == len(batch.order):
+                    batch.over = True
+                    conn.send(("done", batch.id, [None] * len(batch.order)))
+                continue
+            if self.open.get(search.key) is search:
+                del self.open[search.key]
+            if kind == "done":
+                late = {}
+                for (batch, place), translation in zip(search.places, value):
+                    if place not in batch.sent:
+                        late.setdefault(id(batch), {})[place] = _result(batch, translation)
+                for batch in search.batches:
+                    if not batch.over:
+                        results = [None] * len(batch.order)
+                        for place, result in late.get(id(batch), {}).items():
+                            results[batch.order[place]] = result
+                        conn.send(("done", batch.id, results))
+            elif kind == "error":  # a search that fails fails its sentences not yet answered
+                for batch in search.batches:
+                    if not batch.over:
+                        conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
+            else:  # "unjoined": offered as the search ended (before its end): anew
+                waiting = search.batches[-len(value):]
+                search.batches = search.batches[:-len(value)]
+                for batch, ordered in zip(waiting, value):
+                    self.admit(conn, batch, ordered, search.key[0])
+                continue
+            for batch in search.batches:
+                batch.over = True
 
 
 def _result(batch: _Batch, t) -> tuple:

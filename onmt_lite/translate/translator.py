@@ -424,11 +424,15 @@ class Translator:
         return run_to_end(self.batch_steps(indices, src_tokens, tgt_tokens, offset))
 
     def batch_steps(self, indices: List[int], src_tokens, tgt_tokens, offset: int = 0,
-                    shared: bool = False) -> Generator[Optional[tuple], object, List[Translation]]:
+                    shared: bool = False, join: bool = False
+                    ) -> Generator[Optional[tuple], object, List[Translation]]:
         """_translate_batch one decoder step per ``next`` (the batch engine; the sentence
         engine runs whole at the first). Run each step under ``inference()``; the translator
         must have a decoder of its own (``replica``) while another batch is between steps.
-        ``shared``: the model's work is yielded as requests (search_steps)."""
+        ``shared``: the model's work is yielded as requests (search_steps). ``join`` (with
+        ``shared``): where the search and model allow it, new sentences may join between steps:
+        the search yields ("join",) and takes back None or a list of batches, each a list of
+        sentences' tokens, numbered after the sentences it has (none empty)."""
         results = [Translation(offset + i, src_tokens[i], self.src_vocab.decode(
             self.src_vocab.encode(src_tokens[i]))) for i in indices]
         if self.empty_source(src_tokens[indices[0]]):  # the batch of empty lines: empty outputs
@@ -438,15 +442,7 @@ class Translator:
                 if tgt_tokens is not None:
                     t.gold, t.gold_score = tgt_tokens[i], 0.0
             return self._detokenized(results)
-        ids = [self.src_vocab.encode(src_tokens[i]) for i in indices]
-        src_len = torch.tensor([len(x) for x in ids], device=self.device)
-        src = torch.full((len(ids), int(src_len.max())), self.src_vocab.pad, dtype=torch.long)
-        for row, x in enumerate(ids):
-            src[row, :len(x)] = torch.tensor(x)
-        src = src.to(self.device)
-        max_length = self.opt.max_length
-        if self.opt.max_length_ratio > 0:  # OpenNMT-py: from the batch's padded source length
-            max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
+        src, src_len, max_length = self._source([src_tokens[i] for i in indices])
         if tgt_tokens is not None and not self.opt.tgt_file_prefix:
             gold = self._gold_scores(src, src_len, [tgt_tokens[i] for i in indices])
             for t, i, score in zip(results, indices, gold):
@@ -466,9 +462,11 @@ class Translator:
                                   vocab=self.tgt_vocab, max_length=max_length,
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
+            join = join and shared and search.joinable() and prefixes is None \
+                and self.model.joinable()
             steps = search_steps(self.model, src, src_len, search, beam_size=self.opt.beam_size,
                                  bos=self.tgt_vocab.bos, keep_attention=self.opt.keep_attention,
-                                 shared=shared)
+                                 shared=shared, join=join)
             hyps = yield from (self._translations_as_they_end(steps, results) if shared
                                else steps)
         else:
@@ -485,9 +483,22 @@ class Translator:
         t.scores = [hyp.score for hyp in nbest]
         t.attns = [hyp.attn for hyp in nbest]
 
+    def _source(self, lines: List[List[str]]):
+        """Sentences' tokens -> src (B, S) ids, src_len (B,) and the batch's max_length."""
+        ids = [self.src_vocab.encode(tokens) for tokens in lines]
+        src_len = torch.tensor([len(x) for x in ids], device=self.device)
+        src = torch.full((len(ids), int(src_len.max())), self.src_vocab.pad, dtype=torch.long)
+        for row, x in enumerate(ids):
+            src[row, :len(x)] = torch.tensor(x)
+        max_length = self.opt.max_length
+        if self.opt.max_length_ratio > 0:  # OpenNMT-py: from the batch's padded source length
+            max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
+        return src.to(self.device), src_len, max_length
+
     def _translations_as_they_end(self, steps, results: List[Translation]):
         """A shared search's requests passed through; each sentence that ends yielded as
-        ("ended", its place in the batch, its Translation)."""
+        ("ended", its place in the batch, its Translation); sentences that join (a list of
+        batches of tokens) numbered on after the others."""
         value = None
         while True:
             try:
@@ -498,6 +509,12 @@ class Translator:
                 t = results[event[1]]
                 self._fill(t, event[2])
                 value = yield "ended", event[1], self._detokenized([t])[0]
+            elif event[0] == "join":
+                value = []
+                for lines in (yield event) or ():
+                    results += [Translation(len(results), tokens, self.src_vocab.decode(
+                        self.src_vocab.encode(tokens))) for tokens in lines]
+                    value.append(self._source(lines))
             else:
                 value = yield event
 
