@@ -16,11 +16,11 @@ RNN = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py", "rnn.pt")
 DEMO = [line.strip() for line in open(os.path.join(ROOT, "data", "demo.en"), encoding="utf-8")]
 
 
-def _search(translator, lines):
+def _search(translator, lines, join: bool = False):
     twin = translator.__class__.__new__(translator.__class__)
     twin.__dict__.update(translator.__dict__, model=replica(translator.model))
     tokens = [translator.source_tokens(line, i + 1) for i, line in enumerate(lines)]
-    return twin.batch_steps(list(range(len(tokens))), tokens, None, shared=True)
+    return twin.batch_steps(list(range(len(tokens))), tokens, None, shared=True, join=join)
 
 
 def _joined_at_steps(translator, batches, joins):
@@ -78,6 +78,62 @@ def test_decoders_that_cannot_join_step_one_after_the_other():
     _same_as_alone(translator, [lines[:2], lines[2:]], joins=[0, 2])
 
 
+def _joining(translator, first, arrivals):
+    """The translations of ``first``'s sentences, then of the batches ``arrivals[step]``
+    offered to its search after that many steps (in order), as each is reported when it ends
+    (once each)."""
+    searches, answered, returned = Searches(), {}, None
+    with inference():
+        events = searches.add("search", _search(translator, first, join=True))
+        step = 0
+        while searches:
+            for lines in arrivals.get(step, []):
+                tokens = [translator.source_tokens(line, 1) for line in lines]
+                assert searches.offer("search", tokens)
+            events += searches.step()
+            step += 1
+    for _, kind, value in events:
+        assert kind in ("ended", "done"), value
+        if kind == "ended":
+            assert value[0] not in answered
+            answered[value[0]] = value[1]
+        else:
+            returned = value
+    assert [answered[i] for i in range(len(answered))] == returned
+    return returned
+
+
+@pytest.mark.parametrize("options", [
+    {"beam_size": 5, "n_best": 2},
+    {"beam_size": 5, "length_penalty": "wu", "alpha": 0.6, "max_length": 6},
+    {"beam_size": 1}])
+def test_sentences_that_join_a_running_search_translate_as_alone(options):
+    """Sentences join between steps (1 to 3 a time, one at the first step): each decodes at its
+    own positions, with its own step count, length penalty and limit, and gets the translation
+    and score it gets decoded alone."""
+    translator = build_translator({"model": MODEL, "max_length_ratio": 0, **options})
+    lines = DEMO + [line.lower() for line in DEMO]
+    first, arrivals = lines[:2], {0: [lines[2:3]], 2: [lines[3:5]], 3: [lines[5:6], lines[6:9]],
+                                  9: [lines[9:]]}
+    got = _joining(translator, first, arrivals)
+    alone = [translator.translate([line], batch_size=1)[0] for line in lines]
+    assert [t.output_lines() for t in got] == [t.output_lines() for t in alone]
+    assert [s for t in got for s in t.scores] == pytest.approx(
+        [s for t in alone for s in t.scores], abs=1e-5)
+    if options.get("max_length"):
+        assert max(len(t.preds[0]) for t in got) == options["max_length"]
+
+
+def test_a_search_takes_no_sentences_where_its_rule_reads_the_whole_batch():
+    """Coverage penalties read the source width, -ratio other sentences' lengths: such a
+    search is a search of its own, and an offer to it is refused."""
+    translator = build_translator({"model": MODEL, "coverage_penalty": "wu", "beta": 0.2})
+    searches = Searches()
+    with inference():
+        searches.add("search", _search(translator, DEMO[:1], join=True))
+        assert not searches.offer("search", [["Hello"]])
+
+
 class _Decoder:
     """A stand-in decoder whose step doubles its tokens, or fails."""
 
@@ -97,6 +153,24 @@ def _toy_search(decoder, steps: int):
     return tokens.tolist()
 
 
+def _toy_joining(decoder, steps: int):
+    tokens, taken = torch.ones(2), []
+    for _ in range(steps):
+        taken.append((yield "join",))
+        tokens = yield "step", decoder, tokens
+    return taken
+
+
+def test_what_a_search_did_not_take_before_it_ended_comes_back():
+    searches = Searches()
+    assert searches.add("search", _toy_joining(_Decoder(False), 2)) == []
+    assert searches.offer("search", "first") and searches.step() == []
+    assert searches.offer("search", "second")
+    assert searches.step() == [("search", "unjoined", ["second"]),
+                               ("search", "done", [None, ["first"]])]
+    assert not searches.offer("search", "third")
+
+
 def test_a_search_whose_step_fails_ends_alone():
     searches = Searches()
     assert searches.add("good", _toy_search(_Decoder(False), 3)) == []
@@ -108,22 +182,22 @@ def test_a_search_whose_step_fails_ends_alone():
     assert searches.step() == [("good", "done", [8.0, 8.0])]
 
 
-def test_a_small_batch_beside_long_ones_steps_alone_at_most_half_the_time():
-    """Turns, on a lane with a search of a batch of 10 sentences: newcomers of 1 sentence,
-    arriving one after another, take steps alone, but the batch of 10 still gets half the lane's
-    time; a newcomer as large as the batches there steps with them."""
+def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
+    """Turns, on a lane with a search of 10 sentences of 30 tokens: newcomers of one sentence of
+    5 tokens, arriving one after another, take steps alone, but the long sentences still get
+    half the lane's time; a newcomer as long as the sentences there steps with them."""
     from onmt_lite.serve.lanes import Turns, _Batch, _Search
 
-    def search(sentences):
+    def search(sentences, length):
         found = _Search((1, False))
-        found.add(_Batch(0, list(range(sentences)), False))
+        found.add(_Batch(0, list(range(sentences)), False), [["x"] * length] * sentences)
         return found
-    turns, long = Turns(head_start=0.5), search(10)
+    turns, long = Turns(head_start=0.5), search(10, 30)
     running, now, long_time, alone_steps = [long], 0.0, 0.0, 0
     while now < 5:
         if not any(s.ahead_until > now for s in running[1:]):  # the next short request
-            short = search(1)
-            short.ahead_until = turns.ahead_until(1, [long], now)
+            short = search(1, 5)
+            short.ahead_until = turns.ahead_until(5, [long], now)
             assert short.ahead_until == now + 0.5
             running = [long, short]
         only = turns.choose(running, now)
@@ -133,5 +207,5 @@ def test_a_small_batch_beside_long_ones_steps_alone_at_most_half_the_time():
         turns.took(only, seconds)
         now += seconds
     assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
-    assert turns.ahead_until(10, [long], now) == 0.0 and turns.choose([long, search(10)],
+    assert turns.ahead_until(30, [long], now) == 0.0 and turns.choose([long, search(1, 30)],
                                                                       now) is None

@@ -67,14 +67,15 @@ class OnmtSlots:
         width)."""
         return self.ratio <= 0 and not self.scorer.has_cov_pen
 
-    def join(self, count: int, padding: torch.Tensor, max_length: int, step: int) -> None:
-        """``count`` sentences, their rows' source ``padding`` (count * k, S), start at ``step``
-        (their own first) and end by their own ``max_length``."""
+    def join(self, padding: torch.Tensor, max_lengths: List[int], step: int) -> None:
+        """Sentences, their rows' source ``padding`` (sentences * k, S), start at ``step``
+        (their own first) and end by their own ``max_lengths``."""
+        count = len(max_lengths)
         if self.born is None:
             self.born = [1] * self.scores.size(0)
             self.max_lengths = [self.max_length] * self.scores.size(0)
         self.born += [step] * count
-        self.max_lengths += [max_length] * count
+        self.max_lengths += max_lengths
         scores = torch.full((count, self.k), float("-inf"), device=padding.device)
         scores[:, 0] = 0.0
         self.scores = torch.cat([self.scores, scores])

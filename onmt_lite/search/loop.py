@@ -72,8 +72,8 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
 
     With ``join`` (and ``shared``; the search must be ``joinable``), the search yields
     ``("join",)`` before each step, and the caller sends back None or new
-    sentences to decode beside the others: a list of (src, src_len, max_length) batches,
-    numbered after the sentences already in the search. Each row then decodes at a position of
+    sentences to decode beside the others: (src, src_len, each one's max_length), numbered
+    after the sentences already in the search. Each row then decodes at a position of
     its own (the decoder's ``join``), each sentence has its own step count and limit (the
     rule's ``join``), and a sentence's history starts at the step it joined.
 
@@ -108,14 +108,16 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         if not join and step > rule.max_length:
             break
         if join:
-            for src_new, len_new, max_length in (yield "join",) or ():
+            joining = yield "join",
+            if joining is not None:
+                src_new, len_new, max_lengths = joining
                 memory, _ = model.encode(src_new, len_new)
                 dec.join(len_new, memory, 1 if step == 1 else k)  # step 1: one row a sentence
                 count = src_new.size(0)
                 if keep_attention and src_new.size(1) > attn_hist.size(2):
                     attn_hist = _pad_last(attn_hist, src_new.size(1))
-                rule.join(count, (torch.arange(src_new.size(1), device=device) >= len_new
-                                  .unsqueeze(1)).repeat_interleave(k, dim=0), max_length, step)
+                rule.join((torch.arange(src_new.size(1), device=device) >= len_new.unsqueeze(1)
+                           ).repeat_interleave(k, dim=0), max_lengths, step)
                 live += range(len(results), len(results) + count)
                 results += [None] * count
                 lengths += len_new.tolist()

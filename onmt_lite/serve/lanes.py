@@ -92,32 +92,36 @@ class _Search:
     key: tuple  # the settings (n_best, attention) of its batches
     batches: List[_Batch] = dataclasses.field(default_factory=list)
     places: List[tuple] = dataclasses.field(default_factory=list)
+    lengths: List[int] = dataclasses.field(default_factory=list)  # of each place's source
     ahead_until: float = 0.0  # until when it steps alone (its head start)
 
-    def add(self, batch: _Batch) -> None:
+    def add(self, batch: _Batch, ordered: List[List[str]]) -> None:
         self.batches.append(batch)
         self.places += [(batch, place) for place in range(len(batch.order))]
+        self.lengths += [len(tokens) for tokens in ordered]
 
-    def smallest(self) -> int:
-        """The sentences of its smallest batch still decoding."""
-        return min((len(b.order) for b in self.batches if not b.over), default=0)
+    def shortest(self) -> int:
+        """The source length of its shortest sentence still decoding."""
+        return min((length for (batch, place), length in zip(self.places, self.lengths)
+                    if place not in batch.sent and not batch.over), default=0)
 
 
 class Turns:
-    """Which of a lane's searches take the next step: a small batch that arrives beside busy
-    searches (at most half the sentences of each one's smallest batch) steps alone, as a
-    search of its own, for ``head_start`` seconds, its steps alternating with steps of every
-    search so that those it takes alone use at most half the lane's time; otherwise every
-    search steps."""
+    """Which of a lane's searches take the next step: a batch of short sentences that arrives
+    beside long ones (its longest source at most half as long as every running sentence's)
+    steps alone, as a search of its own, for ``head_start`` seconds, its steps alternating with
+    steps of every search so that those it takes alone use at most half the lane's time;
+    otherwise every search steps."""
 
     def __init__(self, head_start: float):
         self.head_start = head_start
         self.alone = self.together = 0.0  # seconds of steps while some search is ahead
 
-    def ahead_until(self, sentences: int, running: List[_Search], now: float) -> float:
-        """Until when a batch of ``sentences`` arriving now steps alone (0: it does not)."""
+    def ahead_until(self, longest: int, running: List[_Search], now: float) -> float:
+        """Until when a batch whose longest source has ``longest`` tokens, arriving now, steps
+        alone (0: it does not)."""
         others = [s for s in running if s.ahead_until <= now]
-        if others and 2 * sentences <= min(s.smallest() for s in others):
+        if others and 2 * longest <= min(s.shortest() for s in others):
             return now + self.head_start
         return 0.0
 
@@ -183,17 +187,17 @@ class _LaneSearches:
     def admit(self, conn, batch: _Batch, ordered: List[List[str]], n_best: int) -> None:
         """Starts decoding ``batch``, its sentences' tokens ``ordered`` as its ``order``."""
         key = (n_best, batch.attention)
-        ahead = self.turns.ahead_until(len(ordered), self.searches.tags(), time.monotonic())
+        ahead = self.turns.ahead_until(len(ordered[-1]), self.searches.tags(), time.monotonic())
         search = self.open.get(key)
         if not ahead and search is not None and not any(
                 self.translator.empty_source(t) for t in ordered) \
                 and self.searches.offer(search, ordered):
-            search.add(batch)
+            search.add(batch, ordered)
             return
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
         search = _Search(key, ahead_until=ahead)
-        search.add(batch)
+        search.add(batch, ordered)
         twin = copy.copy(self.variants[key])  # a decoder state of its own
         model = twin.model
         twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)

@@ -490,10 +490,13 @@ class Translator:
         src = torch.full((len(ids), int(src_len.max())), self.src_vocab.pad, dtype=torch.long)
         for row, x in enumerate(ids):
             src[row, :len(x)] = torch.tensor(x)
-        max_length = self.opt.max_length
+        return src.to(self.device), src_len, self._max_length(src.size(1))
+
+    def _max_length(self, width: int) -> int:
+        """The length limit of a batch whose longest source has ``width`` tokens."""
         if self.opt.max_length_ratio > 0:  # OpenNMT-py: from the batch's padded source length
-            max_length = int(min(max_length, src.size(1) * self.opt.max_length_ratio + 5))
-        return src.to(self.device), src_len, max_length
+            return int(min(self.opt.max_length, width * self.opt.max_length_ratio + 5))
+        return self.opt.max_length
 
     def _translations_as_they_end(self, steps, results: List[Translation]):
         """A shared search's requests passed through; each sentence that ends yielded as
@@ -509,12 +512,15 @@ class Translator:
                 t = results[event[1]]
                 self._fill(t, event[2])
                 value = yield "ended", event[1], self._detokenized([t])[0]
-            elif event[0] == "join":
-                value = []
-                for lines in (yield event) or ():
+            elif event[0] == "join":  # the batches offered, as one: one encoder call
+                batches, value = (yield event) or [], None
+                if batches:
+                    lines = [tokens for batch in batches for tokens in batch]
                     results += [Translation(len(results), tokens, self.src_vocab.decode(
                         self.src_vocab.encode(tokens))) for tokens in lines]
-                    value.append(self._source(lines))
+                    src, src_len, _ = self._source(lines)
+                    value = src, src_len, [self._max_length(max(map(len, batch)))
+                                           for batch in batches for _ in batch]
             else:
                 value = yield event
 
