@@ -418,6 +418,21 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
         batcher.stop()
 
 
+def test_a_batch_takes_sentences_of_a_similar_length_to_the_oldest():
+    """A short sentence never waits in a batch for sentences more than twice as long (nor a
+    long one for short ones): those wait for the next batch."""
+    from collections import deque
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from onmt_lite.serve.batcher import Job
+    jobs = [Job(["x"] * n, Settings(1), Future(), 0.0) for n in (5, 12, 3, 9, 30, 6)]
+    queue = SimpleNamespace(pending=deque(jobs), batch_size=32, running=0)
+    assert [len(job.tokens) for job in Batcher._batch(queue)] == [5, 3, 9, 6]
+    assert [len(job.tokens) for job in queue.pending] == [12, 30]
+    assert [len(job.tokens) for job in Batcher._batch(queue)] == [12]
+
+
 def test_report_align_gives_each_hypothesis_the_attentions_alignment():
     spec = ModelSpec(0, MODEL, {"report_align": True, "n_best": 2}, "en", "de",
                      user_opt={"report_align": True, "n_best": 2})

@@ -1,13 +1,13 @@
 """Sentences from many requests, decoded in shared batches by the lanes (lanes.py).
 
 Every request's sentences join one queue per model. A lane takes the oldest waiting sentence and
-every other waiting sentence that decodes with the same settings, up to ``batch_size``, as one
-batch. When every lane is free a sentence never waits: one client alone gets its sentence at
-once. Under load a free lane waits up to ``batch_wait`` for a fuller batch (while other lanes
-decode, or while the clients of the answers just sent may be sending their next requests), and
-a busy lane takes sentences only when no lane
-is free and they have waited ``batch_wait``: they join its batches at its next decoder step
-rather than waiting for them to end (at most ``max_batches`` batches a lane).
+every other waiting sentence that decodes with the same settings and is of a similar length (at
+most twice as long or short), up to ``batch_size``, as one batch. When every lane is free a
+sentence never waits: one client alone gets its sentence at once. Under load a free lane waits
+up to ``batch_wait`` for a fuller batch (while other lanes decode, or while the clients of the
+answers just sent may be sending their next requests), and a busy lane takes sentences only
+when no lane is free and they have waited ``batch_wait``: they join its search at its next
+decoder step rather than waiting for it to end (at most ``max_batches`` batches a lane).
 
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
@@ -187,11 +187,13 @@ class Batcher:
                 self.changed.wait(wait)
 
     def _batch(self) -> List[Job]:
-        settings = self.pending[0].settings
+        """The oldest waiting sentence and others of its settings and a similar length (at
+        most twice as long or short: a short sentence's batch never waits for long ones)."""
+        settings, length = self.pending[0].settings, len(self.pending[0].tokens)
         batch, others = [], collections.deque()
         while self.pending and len(batch) < self.batch_size:
             job = self.pending.popleft()
-            if job.settings != settings:
+            if job.settings != settings or not length <= 2 * len(job.tokens) <= 4 * length:
                 others.append(job)
             elif job.future.set_running_or_notify_cancel():  # not cancelled (timed out)
                 batch.append(job)
