@@ -418,6 +418,18 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
         batcher.stop()
 
 
+def test_a_request_whose_lane_dies_gets_a_503_and_the_server_goes_on():
+    spec = ModelSpec(0, MODEL, {}, "en", "de")
+    registry = Registry([spec], Scheduling(lanes=1))
+    with TestClient(create_app(registry)) as c:
+        lane = registry.get(0).batcher.lanes[0]
+        threading.Timer(0.3, lane.process.kill).start()
+        response = c.post("/translate", json={"q": [" ".join(DEMO)] * 24, "source": "en",
+                                              "target": "de"})
+        assert response.status_code == 503 and "ended" in response.json()["error"]
+        assert c.get("/translator/health").status_code == 200
+
+
 def test_a_batch_takes_sentences_of_a_similar_length_to_the_oldest():
     """A short sentence never waits in a batch for sentences more than twice as long (nor a
     long one for short ones): those wait for the next batch."""

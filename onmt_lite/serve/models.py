@@ -175,6 +175,8 @@ class ServedModel:
             for future in futures:
                 future.cancel()
             raise
+        except Stopped as err:  # its lane ended while decoding them
+            raise ModelUnavailable(f"{self.spec.describe()}: {err}") from None
         finally:
             self._reset_timer()
         empty = [("", [])] * n_best if attention else None
