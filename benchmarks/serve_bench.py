@@ -10,7 +10,8 @@ setting (clients x sentences per request): sentences per second and the p50 / p9
 request. Beside them: translate.py's batch throughput on the same sentences (its translation
 time, start-up excluded), and OpenNMT-py's server (``onmt_server``, peers virtualenv) with the
 same checkpoint and beam. The mixed load sends one-sentence requests from one client while
-``-mixed_clients`` clients send ten long sentences each, and compares the short requests' p99
+``-mixed_clients`` clients send ten long sentences each (``-mixed_requests`` short requests, the
+50 shortest sentences in turn), and compares the short requests' p99
 with their p99 on the idle server. ``-memory_requests N`` sends N one-sentence requests and
 samples the server's resident memory as they go. The JSON names the CPU.
 """
@@ -95,9 +96,9 @@ async def closed_loop(port: int, api: str, clients: int, per_request: int, lines
     return len(latencies) * per_request / elapsed, latencies
 
 
-async def mixed(port: int, api: str, long_clients: int, long_lines, short_lines):
-    """Short one-sentence requests, one at a time, while ``long_clients`` clients keep ten-line
-    requests of long sentences going; the short requests' latencies."""
+async def mixed(port: int, api: str, long_clients: int, long_lines, short_lines, total: int):
+    """``total`` short one-sentence requests, one at a time, while ``long_clients`` clients
+    keep ten-line requests of long sentences going; the short requests' latencies."""
     stop = False
 
     async def long_client():
@@ -109,7 +110,7 @@ async def mixed(port: int, api: str, long_clients: int, long_lines, short_lines)
             connection.close()
     runners = [asyncio.create_task(long_client()) for _ in range(long_clients)]
     await asyncio.sleep(1.0)  # the long requests are decoding
-    _, latencies = await closed_loop(port, api, 1, 1, short_lines, len(short_lines))
+    _, latencies = await closed_loop(port, api, 1, 1, short_lines, total)
     stop = True
     await asyncio.gather(*runners)
     return latencies
@@ -222,6 +223,7 @@ def main(argv=None) -> None:
     p.add_argument("-peer_sentences", type=int, default=200, help="per setting, OpenNMT-py")
     p.add_argument("-peer_clients", type=int, nargs="+", default=[1, 16, 32])
     p.add_argument("-mixed_clients", type=int, default=4)
+    p.add_argument("-mixed_requests", type=int, default=200)
     p.add_argument("-memory_requests", type=int, default=0)
     p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
     p.add_argument("-json", help="also write the figures here")
@@ -241,9 +243,11 @@ def main(argv=None) -> None:
             results["rows"] += measure_server(args, "onmt_lite", port, "libre", lines, settings)
             by_length = sorted(lines, key=len)
             short, long = by_length[:100:2], by_length[-10:]
-            idle = asyncio.run(closed_loop(port, "libre", 1, 1, short, len(short)))[1]
-            busy = asyncio.run(mixed(port, "libre", args.mixed_clients, long, short))
+            idle = asyncio.run(closed_loop(port, "libre", 1, 1, short, args.mixed_requests))[1]
+            busy = asyncio.run(mixed(port, "libre", args.mixed_clients, long, short,
+                                     args.mixed_requests))
             results["mixed"] = {"long_clients": args.mixed_clients,
+                                "short_requests": args.mixed_requests,
                                 "short_idle_p50_ms": 1000 * percentile(idle, 0.5),
                                 "short_idle_p99_ms": 1000 * percentile(idle, 0.99),
                                 "short_busy_p50_ms": 1000 * percentile(busy, 0.5),

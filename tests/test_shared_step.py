@@ -93,7 +93,7 @@ def _joining(translator, first, arrivals):
             events += searches.step()
             step += 1
     for _, kind, value in events:
-        assert kind in ("ended", "done"), value
+        assert kind in ("ended", "joined", "done"), value
         if kind == "ended":
             assert value[0] not in answered
             answered[value[0]] = value[1]
@@ -164,7 +164,8 @@ def _toy_joining(decoder, steps: int):
 def test_what_a_search_did_not_take_before_it_ended_comes_back():
     searches = Searches()
     assert searches.add("search", _toy_joining(_Decoder(False), 2)) == []
-    assert searches.offer("search", "first") and searches.step() == []
+    assert searches.offer("search", "first")
+    assert searches.step() == [("search", "joined", ["first"])]
     assert searches.offer("search", "second")
     assert searches.step() == [("search", "unjoined", ["second"]),
                                ("search", "done", [None, ["first"]])]
@@ -186,11 +187,12 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
     """Turns, on a lane with a search of 10 sentences of 30 tokens: newcomers of one sentence of
     5 tokens, arriving one after another, take steps alone, but the long sentences still get
     half the lane's time; a newcomer as long as the sentences there steps with them."""
-    from onmt_lite.serve.lanes import Turns, _Batch, _Search
+    from onmt_lite.serve.lanes import Turns, _Batch, _Chunk, _Search
 
     def search(sentences, length):
         found = _Search((1, False))
-        found.add(_Batch(0, list(range(sentences)), False), [["x"] * length] * sentences)
+        found.add(_Chunk((1, False), _Batch(0, list(range(sentences)), False),
+                         list(range(sentences)), [["x"] * length] * sentences))
         return found
     turns, long = Turns(head_start=0.5), search(10, 30)
     running, now, long_time, alone_steps = [long], 0.0, 0.0, 0
@@ -209,3 +211,56 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
     assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
     assert turns.ahead_until(30, [long], now) == 0.0 and turns.choose([long, search(1, 30)],
                                                                       now) is None
+
+
+def test_a_lane_starts_a_long_batch_in_chunks_and_answers_each_sentence_once():
+    """A batch of more source tokens than JOIN_TOKENS starts a step's worth at a time, its
+    chunks joining the search the first one started; each sentence is answered once, with
+    its translation alone, and the batch ends once all are."""
+    from types import SimpleNamespace
+
+    from onmt_lite.serve.lanes import JOIN_TOKENS, Turns, _Batch, _LaneSearches
+    translator = build_translator({"model": MODEL, "max_length_ratio": 0})
+    lane, messages = _LaneSearches(translator, Turns(0.5)), []
+    lines = [f"{DEMO[i % len(DEMO)]} {DEMO[(i + 1) % len(DEMO)]}" for i in range(12)]
+    tokens = [translator.source_tokens(line, 1) for line in lines]
+    order = sorted(range(len(lines)), key=lambda i: len(tokens[i]))
+    with inference():
+        lane.admit(SimpleNamespace(send=messages.append), _Batch(7, order, False),
+                   [tokens[i] for i in order], translator.opt.n_best)
+        chunks, steps = len(lane.waiting), 0
+        while lane.busy():
+            lane.start_waiting(SimpleNamespace(send=messages.append))
+            lane.step(SimpleNamespace(send=messages.append))
+            steps += 1
+    assert chunks >= sum(map(len, tokens)) // JOIN_TOKENS >= 2
+    answers = [m for m in messages if m[0] == "sentence"]
+    assert sorted(index for _, _, index, _ in answers) == list(range(len(lines)))
+    alone = [t.output_lines() for t in translator.translate(lines, batch_size=1)]
+    assert {index: result[0] for _, _, index, result in answers} == dict(enumerate(alone))
+    assert messages[-1] == ("done", 7, [None] * len(lines)) and len(messages) == len(lines) + 1
+
+
+
+def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
+    from types import SimpleNamespace
+
+    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    translator = build_translator({"model": MODEL, "max_length": 1})
+    lane, messages = _LaneSearches(translator, Turns(0.5)), []
+    conn = SimpleNamespace(send=messages.append)
+    with inference():
+        for batch_id, line in enumerate(DEMO[:2]):
+            lane.admit(conn, _Batch(batch_id, [0], False), [translator.source_tokens(line, 1)],
+                       translator.opt.n_best)
+            lane.start_waiting(conn)  # the first starts a search; the second is offered to it
+        assert len(lane.searches) == 1 and not lane.waiting
+        while lane.searches and not lane.waiting:
+            lane.step(conn)  # the first search ends at its limit, before it takes the second
+        assert len(lane.waiting) == 1 and not lane.searches
+        while lane.busy():
+            lane.start_waiting(conn)
+            lane.step(conn)
+    alone = [t.output_lines() for t in translator.translate(DEMO[:2], batch_size=1)]
+    assert [(m[1], m[3][0]) for m in messages if m[0] == "sentence"] == list(enumerate(alone))
+    assert [m[:2] for m in messages if m[0] == "done"] == [("done", 0), ("done", 1)]

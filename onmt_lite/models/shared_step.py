@@ -121,7 +121,7 @@ class Searches:
     One search's error ends only that search. Call them under ``inference()``.
 
     A search that asks ``("join",)`` between its steps takes sentences into itself: ``offer``
-    hands it what it takes at its next such request."""
+    hands it what it takes at its next such request, reported as ("joined", what it took)."""
 
     def __init__(self):
         self.running: List[list] = []  # [tag, generator, its next request]
@@ -172,7 +172,10 @@ class Searches:
                         request = steps.send(None)
                     else:
                         self.joining.add(tag)
-                        request = steps.send(self.offers.pop(tag, None))
+                        taken = self.offers.pop(tag, None)
+                        if taken is not None:
+                            events.append((tag, "joined", taken))
+                        request = steps.send(taken)
                 search[2] = request
                 self.running.append(search)
                 continue

@@ -13,6 +13,7 @@ the Transformer fixture), so a short request beside long ones takes some steps a
 The server's own process keeps to HTTP and the queue, and its event loop never waits on a
 decoding thread.
 """
+import collections
 import copy
 import dataclasses
 import multiprocessing
@@ -25,6 +26,10 @@ import torch
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
+
+# Source tokens that start decoding in a lane at one step: encoding them pauses its other
+# sentences (128 tokens, four long sentences: ~10 ms on one thread, the Transformer fixture).
+JOIN_TOKENS = 128
 
 
 class LaneError(RuntimeError):
@@ -86,19 +91,31 @@ class _Batch:
 
 
 @dataclasses.dataclass(eq=False)
+class _Chunk:
+    """Sentences of a batch that start together: ``places`` in the batch, their ``tokens``."""
+    key: tuple  # the batch's settings (n_best, attention)
+    batch: _Batch
+    places: List[int]
+    tokens: List[List[str]]
+
+
+@dataclasses.dataclass(eq=False)
 class _Search:
-    """One of the lane's searches and the batches it decodes: several where batches joined it
-    between its steps; ``places``: its sentences in its own order, as (batch, place)."""
+    """One of the lane's searches and the sentences it decodes: several chunks where they
+    joined it between its steps; ``places``: its sentences in its own order, as (batch,
+    place)."""
     key: tuple  # the settings (n_best, attention) of its batches
-    batches: List[_Batch] = dataclasses.field(default_factory=list)
     places: List[tuple] = dataclasses.field(default_factory=list)
     lengths: List[int] = dataclasses.field(default_factory=list)  # of each place's source
+    offered: List[_Chunk] = dataclasses.field(default_factory=list)  # not taken yet
     ahead_until: float = 0.0  # until when it steps alone (its head start)
 
-    def add(self, batch: _Batch, ordered: List[List[str]]) -> None:
-        self.batches.append(batch)
-        self.places += [(batch, place) for place in range(len(batch.order))]
-        self.lengths += [len(tokens) for tokens in ordered]
+    def add(self, chunk: _Chunk) -> None:
+        self.places += [(chunk.batch, place) for place in chunk.places]
+        self.lengths += [len(tokens) for tokens in chunk.tokens]
+
+    def batches(self) -> List[_Batch]:
+        return list({id(batch): batch for batch, _ in self.places}.values())
 
     def shortest(self) -> int:
         """The source length of its shortest sentence still decoding."""
@@ -154,7 +171,7 @@ def lane_main(options: dict, conn, head_start: float) -> None:
     lane = _LaneSearches(translator, Turns(head_start))
     stopping = False
     while True:
-        while not stopping and conn.poll(None if not lane.searches else 0):
+        while not stopping and conn.poll(None if not lane.busy() else 0):
             message = conn.recv()
             if message[0] == "stop":
                 stopping = True
@@ -164,48 +181,78 @@ def lane_main(options: dict, conn, head_start: float) -> None:
             with inference():
                 lane.admit(conn, _Batch(batch_id, order, attention), [tokens[i] for i in order],
                            n_best)
-        if not lane.searches:
-            if stopping:
-                return
-            continue
         with inference():
-            lane.step(conn)
+            lane.start_waiting(conn)
+            if lane.searches:
+                lane.step(conn)
+            elif stopping and not lane.busy():
+                return
 
 
 class _LaneSearches:
-    """A lane's searches: a batch that arrives joins the running search of its settings at
-    its next step (its rows beside the others', each sentence at its own step), unless it
-    takes a head start (Turns) or that search cannot take sentences (then the batch is a
-    search of its own, stepping beside the others)."""
+    """A lane's searches. A batch that arrives joins the running search of its settings (its
+    rows beside the others', each sentence at its own step) in chunks of at most JOIN_TOKENS
+    source tokens a step, since encoding them pauses the others; a batch of short sentences
+    beside long ones takes a head start (Turns), and a search that cannot take sentences
+    runs each batch as a search of its own, stepping beside the others."""
 
     def __init__(self, translator, turns: Turns):
         self.translator, self.turns = translator, turns
         self.variants = {}  # (n_best, attention) -> the translator with those settings
         self.searches = Searches()
         self.open = {}  # (n_best, attention) -> the search that batches of those settings join
+        self.waiting = collections.deque()  # chunks to start, a step's worth at a time
+
+    def busy(self) -> bool:
+        return bool(self.searches) or bool(self.waiting)
 
     def admit(self, conn, batch: _Batch, ordered: List[List[str]], n_best: int) -> None:
-        """Starts decoding ``batch``, its sentences' tokens ``ordered`` as its ``order``."""
+        """Starts ``batch`` (its sentences' tokens ``ordered`` as its ``order``), or queues
+        its chunks to join a search."""
         key = (n_best, batch.attention)
-        ahead = self.turns.ahead_until(len(ordered[-1]), self.searches.tags(), time.monotonic())
-        search = self.open.get(key)
-        if not ahead and search is not None and not any(
-                self.translator.empty_source(t) for t in ordered) \
-                and self.searches.offer(search, ordered):
-            search.add(batch, ordered)
-            return
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
-        search = _Search(key, ahead_until=ahead)
-        search.add(batch, ordered)
-        twin = copy.copy(self.variants[key])  # a decoder state of its own
+        everything = _Chunk(key, batch, list(range(len(ordered))), ordered)
+        ahead = self.turns.ahead_until(len(ordered[-1]), self.searches.tags(), time.monotonic())
+        if ahead or not self.variants[key].joinable():
+            self._start(conn, everything, ahead)
+            return
+        chunk, tokens = [], 0
+        for place, sentence in enumerate(ordered):
+            if chunk and tokens + len(sentence) > JOIN_TOKENS:
+                self.waiting.append(_Chunk(key, batch, chunk, [ordered[p] for p in chunk]))
+                chunk, tokens = [], 0
+            chunk.append(place)
+            tokens += len(sentence)
+        self.waiting.append(_Chunk(key, batch, chunk, [ordered[p] for p in chunk]))
+
+    def start_waiting(self, conn) -> None:
+        """Offers waiting chunks to the searches they join, or starts searches with them, at
+        most JOIN_TOKENS source tokens (and one chunk at least) a step."""
+        tokens = 0
+        while self.waiting and (tokens == 0 or tokens + sum(map(
+                len, self.waiting[0].tokens)) <= JOIN_TOKENS):
+            chunk = self.waiting.popleft()
+            tokens += sum(map(len, chunk.tokens))
+            search = self.open.get(chunk.key)
+            if search is not None and self.searches.offer(search, chunk.tokens):
+                search.add(chunk)
+                search.offered.append(chunk)
+            else:
+                self._start(conn, chunk, 0.0)
+
+    def _start(self, conn, chunk: _Chunk, ahead: float) -> None:
+        """A search of its own for ``chunk``: one that others join unless it is ``ahead``."""
+        search = _Search(chunk.key, ahead_until=ahead)
+        search.add(chunk)
+        twin = copy.copy(self.variants[chunk.key])  # a decoder state of its own
         model = twin.model
         twin.model = model.replica() if isinstance(model, EnsembleModel) else replica(model)
-        steps = twin.batch_steps(list(range(len(ordered))), ordered, None, shared=True,
-                                 join=not ahead)
+        steps = twin.batch_steps(list(range(len(chunk.tokens))), chunk.tokens, None,
+                                 shared=True, join=not ahead)
         events = self.searches.add(search, steps)
         if search in self.searches.joining:
-            self.open[key] = search
+            self.open[chunk.key] = search
         self._send(conn, events)
 
     def step(self, conn) -> None:
@@ -216,44 +263,41 @@ class _LaneSearches:
         self._send(conn, events)
 
     def _send(self, conn, events) -> None:
-        """Each sentence's translation as it ends, each batch's end once all its sentences are
-        sent (with the translations of those not sent yet: none ended in the search), or its
-        error, to the server."""
+        """Each sentence's translation as it ends, and each batch's end once all its
+        sentences are sent, or its error, to the server."""
         for search, kind, value in events:
             if kind == "ended":
-                index, translation = value
-                batch, place = search.places[index]
-                batch.sent.add(place)
-                conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
-                if len(batch.sent) == len(batch.order):
-                    batch.over = True
-                    conn.send(("done", batch.id, [None] * len(batch.order)))
+                self._sentence(conn, *search.places[value[0]], value[1])
+                continue
+            if kind == "joined":
+                del search.offered[:len(value)]
                 continue
             if self.open.get(search.key) is search:
                 del self.open[search.key]
-            if kind == "done":
-                late = {}
+            if kind == "unjoined":  # offered as it ended: to start anew, first
+                del search.places[len(search.places) - sum(len(c.places) for c in
+                                                           search.offered):]
+                self.waiting.extendleft(reversed(search.offered))
+            elif kind == "done":  # translations not reported as they ended (empty sources)
                 for (batch, place), translation in zip(search.places, value):
-                    if place not in batch.sent:
-                        late.setdefault(id(batch), {})[place] = _result(batch, translation)
-                for batch in search.batches:
+                    if not batch.over and place not in batch.sent:
+                        self._sentence(conn, batch, place, translation)
+            else:  # an error fails the sentences of its batches not answered yet
+                for batch in search.batches():
                     if not batch.over:
-                        results = [None] * len(batch.order)
-                        for place, result in late.get(id(batch), {}).items():
-                            results[batch.order[place]] = result
-                        conn.send(("done", batch.id, results))
-            elif kind == "error":  # a search that fails fails its sentences not yet answered
-                for batch in search.batches:
-                    if not batch.over:
+                        batch.over = True
                         conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
-            else:  # "unjoined": offered as the search ended (before its end): anew
-                waiting = search.batches[-len(value):]
-                search.batches = search.batches[:-len(value)]
-                for batch, ordered in zip(waiting, value):
-                    self.admit(conn, batch, ordered, search.key[0])
-                continue
-            for batch in search.batches:
-                batch.over = True
+                self.waiting = collections.deque(c for c in self.waiting if not c.batch.over)
+
+    @staticmethod
+    def _sentence(conn, batch: _Batch, place: int, translation) -> None:
+        if batch.over:  # its batch failed
+            return
+        batch.sent.add(place)
+        conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
+        if len(batch.sent) == len(batch.order):
+            batch.over = True
+            conn.send(("done", batch.id, [None] * len(batch.order)))
 
 
 def _result(batch: _Batch, t) -> tuple:

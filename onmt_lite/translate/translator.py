@@ -462,8 +462,7 @@ class Translator:
                                   vocab=self.tgt_vocab, max_length=max_length,
                                   exempt=self.exclusion, sampler=self.sampler,
                                   prefixes=prefixes)
-            join = join and shared and search.joinable() and prefixes is None \
-                and self.model.joinable()
+            join = join and shared and self.joinable()
             steps = search_steps(self.model, src, src_len, search, beam_size=self.opt.beam_size,
                                  bos=self.tgt_vocab.bos, keep_attention=self.opt.keep_attention,
                                  shared=shared, join=join)
@@ -477,6 +476,17 @@ class Translator:
                 self._fill(t, nbest)
         self._detokenized(late)
         return results
+
+    def joinable(self) -> bool:
+        """Whether sentences may join its searches between steps (``batch_steps``' ``join``):
+        the search's rule and processors and the model allow it."""
+        if self.opt.tgt_file_prefix or not (self.opt.beam_size == 1
+                                            or self.opt.beam_engine == "batch"):
+            return False
+        search = build_search(self.preset, self.opt, batch=1, vocab=self.tgt_vocab,
+                              max_length=self.opt.max_length, exempt=self.exclusion,
+                              sampler=self.sampler)
+        return search.joinable() and self.model.joinable()
 
     def _fill(self, t: Translation, nbest: List[Hypothesis]) -> None:
         t.preds = [self._target_tokens(hyp, t.src) for hyp in nbest]
