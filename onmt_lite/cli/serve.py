@@ -37,11 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds sentences wait for a fuller batch under load (with every lane free and "
              "no request on its way, none)")
     add(g, "max_batches", type=integer(1), default=4,
-        help="batches a lane decodes at once, their decoder steps run together (1: a batch "
-             "that starts waits for the lane's batch to end)")
+        help="batches a lane decodes at once, joining one search between its steps (1: a "
+             "batch that starts waits for the lane's batch to end)")
     add(g, "head_start", type=number(0), default=0.5,
-        help="seconds a small batch that joins a busy lane steps alone before it joins the "
-             "lane's batches (at most half the sentences of each of them)")
+        help="seconds a batch of short sentences that arrives beside long ones (at most half "
+             "as long as each) steps alone first")
     add(g, "max_queue", type=integer(1), default=1024,
         help="sentences waiting per model; beyond, 503 with Retry-After")
     add(g, "max_request_bytes", type=integer(0), default=1 << 20,

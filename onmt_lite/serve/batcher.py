@@ -64,8 +64,8 @@ class Scheduling:
         lanes: lane processes (batches decoded at the same time, one torch thread each).
         batch_size: sentences per batch at most; max_queue: sentences waiting at most.
         batch_wait: seconds sentences wait for a fuller batch under load (see above).
-        max_batches: batches a lane decodes at once, their steps run together.
-        head_start: seconds a small batch that joins a busy lane steps alone first (lanes.py).
+        max_batches: batches a lane decodes at once (they join one search, lanes.py).
+        head_start: seconds a batch of short sentences beside long ones steps alone first.
     """
     lanes: int = 1
     batch_size: int = 32

@@ -1,14 +1,16 @@
 """Lanes: the processes that decode the server's batches, outside its interpreter lock.
 
 Each lane is a process of one torch thread with its own copy of the model (started by spawn, not
-fork: the server has threads by then). It receives batches through a pipe and decodes several
-at once: each batch is a search of its own (search/loop.py, a step generator), and at each step
-the lane runs the decoder steps of all its batches together (models/shared_step.py), so a batch
-that arrives while others decode joins them at the next step, its rows beside theirs, and each
-batch leaves when its last sentence ends.
+fork: the server has threads by then). It receives batches through a pipe and decodes them as
+one search (search/loop.py, a step generator that sentences join between steps): a batch that
+arrives while others decode joins them at the next step, its rows beside theirs, each sentence
+at its own step, and each sentence leaves as it ends. Where a search cannot take sentences
+(its rule or processors read the batch or the step), each batch is a search of its own and the
+lane runs their decoder steps together (models/shared_step.py).
 
-Joined steps cost more than a small batch's own (2.4-3.2x for one sentence beside ten long ones,
-the Transformer fixture), so a short request beside long ones takes some steps alone (Turns).
+Joined steps cost more than a short sentence's own (2.4-3.2x for one sentence beside ten long
+ones, the Transformer fixture), so short sentences beside long ones take some steps alone
+(Turns).
 
 The server's own process keeps to HTTP and the queue, and its event loop never waits on a
 decoding thread.
