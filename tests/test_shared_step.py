@@ -120,6 +120,9 @@ def test_sentences_that_join_a_running_search_translate_as_alone(options):
     assert [t.output_lines() for t in got] == [t.output_lines() for t in alone]
     assert [s for t in got for s in t.scores] == pytest.approx(
         [s for t in alone for s in t.scores], abs=1e-5)
+    for t, a in zip(got, alone):  # each hypothesis' attention: its own rows and source
+        assert [x.shape for x in t.attns] == [x.shape for x in a.attns]
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(t.attns, a.attns))
     if options.get("max_length"):
         assert max(len(t.preds[0]) for t in got) == options["max_length"]
 
@@ -191,7 +194,8 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
 
     def search(sentences, length):
         found = _Search((1, False))
-        found.add(_Chunk((1, False), _Batch(0, list(range(sentences)), False),
+        found.add(_Chunk((1, False), _Batch(0, list(range(sentences)), False,
+                                            [length] * sentences),
                          list(range(sentences)), [["x"] * length] * sentences))
         return found
     turns, long = Turns(head_start=0.5), search(10, 30)
@@ -226,20 +230,20 @@ def test_a_lane_starts_a_long_batch_in_chunks_and_answers_each_sentence_once():
     tokens = [translator.source_tokens(line, 1) for line in lines]
     order = sorted(range(len(lines)), key=lambda i: len(tokens[i]))
     with inference():
-        lane.admit(SimpleNamespace(send=messages.append), _Batch(7, order, False),
-                   [tokens[i] for i in order], translator.opt.n_best)
-        chunks, steps = len(lane.waiting), 0
+        ordered = [tokens[i] for i in order]
+        lane.admit(SimpleNamespace(send=messages.append),
+                   _Batch(7, order, False, [len(t) for t in ordered]), ordered,
+                   translator.opt.n_best)
+        chunks = len(lane.waiting)
         while lane.busy():
             lane.start_waiting(SimpleNamespace(send=messages.append))
             lane.step(SimpleNamespace(send=messages.append))
-            steps += 1
     assert chunks >= sum(map(len, tokens)) // JOIN_TOKENS >= 2
     answers = [m for m in messages if m[0] == "sentence"]
     assert sorted(index for _, _, index, _ in answers) == list(range(len(lines)))
     alone = [t.output_lines() for t in translator.translate(lines, batch_size=1)]
     assert {index: result[0] for _, _, index, result in answers} == dict(enumerate(alone))
     assert messages[-1] == ("done", 7, [None] * len(lines)) and len(messages) == len(lines) + 1
-
 
 
 def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
@@ -251,7 +255,8 @@ def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
     conn = SimpleNamespace(send=messages.append)
     with inference():
         for batch_id, line in enumerate(DEMO[:2]):
-            lane.admit(conn, _Batch(batch_id, [0], False), [translator.source_tokens(line, 1)],
+            tokens = translator.source_tokens(line, 1)
+            lane.admit(conn, _Batch(batch_id, [0], False, [len(tokens)]), [tokens],
                        translator.opt.n_best)
             lane.start_waiting(conn)  # the first starts a search; the second is offered to it
         assert len(lane.searches) == 1 and not lane.waiting

@@ -5,6 +5,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from onmt_lite.models.attention import MultiHeadedAttention
 from onmt_lite.models.kv_cache import KVCache
@@ -239,10 +240,9 @@ class TransformerDecoder(nn.Module):
         for i, layer in enumerate(layers):
             added[f"memory_keys.{i}"], added[f"memory_values.{i}"] = layer.memory_kv(memory)
         for key, value in added.items():
-            old = s[key]
-            s[key] = torch.cat([_pad_source(old, width, key == "src_mask"),
-                                _pad_source(value, width, key == "src_mask")
-                                .repeat_interleave(per_source, dim=0)])
+            mask = key == "src_mask"
+            s[key] = torch.cat([_pad_source(s[key], width, mask), _pad_source(
+                value, width, mask).repeat_interleave(per_source, dim=0)])
         first = int(s["sentence"].max()) + 1 if s["sentence"].numel() else 0
         s["sentence"] = torch.cat([s["sentence"], torch.arange(
             first, first + count, device=memory.device).repeat_interleave(rows)])
@@ -310,12 +310,8 @@ class TransformerDecoder(nn.Module):
 
 
 def _pad_source(entry: torch.Tensor, width: int, mask: bool) -> torch.Tensor:
-    """A source entry (sources first; the source positions last for the mask, third for
-    memory keys/values) padded to ``width`` positions: masked, or zero."""
-    dim = -1 if mask else 2
-    missing = width - entry.size(dim)
-    if missing == 0:
-        return entry
-    shape = list(entry.shape)
-    shape[dim] = missing
-    return torch.cat([entry, entry.new_full(shape, True if mask else 0)], dim=dim)
+    """A source entry padded to ``width`` source positions: the mask (sources, 1, 1, S) with
+    True (masked), memory keys or values (sources, heads, S, dim) with zeros."""
+    if mask:
+        return F.pad(entry, (0, width - entry.size(-1)), value=True)
+    return F.pad(entry, (0, 0, 0, width - entry.size(2)))

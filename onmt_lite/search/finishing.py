@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch.nn import functional as F
 
 from onmt_lite.constants import FINISHED_SCORE
 from onmt_lite.errors import OptionError
@@ -80,7 +81,8 @@ class OnmtSlots:
         scores[:, 0] = 0.0
         self.scores = torch.cat([self.scores, scores])
         width = max(self.padding.size(1), padding.size(1))
-        self.padding = torch.cat([_pad_mask(self.padding, width), _pad_mask(padding, width)])
+        self.padding = torch.cat([F.pad(p, (0, width - p.size(1)), value=True)
+                                  for p in (self.padding, padding)])
         self.finished += [[] for _ in range(count)]
         self.best += [-1e10] * count
         first = max(self.sentences, default=-1) + 1
@@ -128,11 +130,12 @@ class OnmtSlots:
                 self.prev_penalty = self._cov_penalty(self.coverage).view(n, k)
             if not self.stepwise:
                 top = top - self._cov_penalty(self.coverage).view(n, k)
-        own = [step] * n if self.born is None else self._own(step)
         if self.born is None:
+            own = [step] * n
             ended = tokens.eq(self.eos) if step < self.max_length else torch.ones_like(
                 tokens, dtype=torch.bool)
-        else:
+        else:  # each sentence at its own step, to its own limit
+            own = self._own(step)
             last = [s >= limit for s, limit in zip(own, self.max_lengths)]
             ended = tokens.eq(self.eos)
             if any(last):
@@ -560,7 +563,3 @@ class AliveFinished:
         self.flags = self.flags.index_select(0, sentences)
         self.slots = [self.slots[i] for i in sentences.tolist()]
 
-
-def _pad_mask(padding: torch.Tensor, width: int) -> torch.Tensor:
-    """(rows, S) source padding widened to ``width`` columns, the new ones padding."""
-    return torch.cat([padding, padding.new_ones(padding.size(0), width - padding.size(1))], 1)

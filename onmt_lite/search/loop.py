@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Generator, Iterator, List, Optional, Sequence
 
 import torch
+from torch.nn import functional as F
 
 from onmt_lite.search.candidates import Sampler, TopK
 from onmt_lite.search.finishing import Hypothesis
@@ -115,7 +116,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
                 dec.join(len_new, memory, 1 if step == 1 else k)  # step 1: one row a sentence
                 count = src_new.size(0)
                 if keep_attention and src_new.size(1) > attn_hist.size(2):
-                    attn_hist = _pad_last(attn_hist, src_new.size(1))
+                    attn_hist = F.pad(attn_hist, (0, src_new.size(1) - attn_hist.size(2)))
                 rule.join((torch.arange(src_new.size(1), device=device) >= len_new.unsqueeze(1)
                            ).repeat_interleave(k, dim=0), max_lengths, step)
                 live += range(len(results), len(results) + count)
@@ -226,11 +227,6 @@ def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
     if shared:
         return (yield kind, owner, x)
     return owner.step(x) if kind == "step" else owner.log_probs(x)
-
-
-def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
-    """``x`` with zeros appended to its last dimension, to ``width``."""
-    return torch.cat([x, x.new_zeros(*x.shape[:-1], width - x.size(-1))], dim=-1)
 
 
 def _repeat(out, k: int):

@@ -88,6 +88,7 @@ class _Batch:
     id: int
     order: List[int]  # the batch's sentences in decoding order (by length)
     attention: bool
+    lengths: List[int]  # the source length of each, in that order
     sent: set = dataclasses.field(default_factory=set)  # its sentences answered (places)
     over: bool = False  # its end (or error) sent
 
@@ -108,20 +109,18 @@ class _Search:
     place)."""
     key: tuple  # the settings (n_best, attention) of its batches
     places: List[tuple] = dataclasses.field(default_factory=list)
-    lengths: List[int] = dataclasses.field(default_factory=list)  # of each place's source
     offered: List[_Chunk] = dataclasses.field(default_factory=list)  # not taken yet
     ahead_until: float = 0.0  # until when it steps alone (its head start)
 
     def add(self, chunk: _Chunk) -> None:
         self.places += [(chunk.batch, place) for place in chunk.places]
-        self.lengths += [len(tokens) for tokens in chunk.tokens]
 
     def batches(self) -> List[_Batch]:
         return list({id(batch): batch for batch, _ in self.places}.values())
 
     def shortest(self) -> int:
         """The source length of its shortest sentence still decoding."""
-        return min((length for (batch, place), length in zip(self.places, self.lengths)
+        return min((batch.lengths[place] for batch, place in self.places
                     if place not in batch.sent and not batch.over), default=0)
 
 
@@ -180,9 +179,10 @@ def lane_main(options: dict, conn, head_start: float) -> None:
                 break
             _, batch_id, tokens, n_best, attention = message
             order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
+            ordered = [tokens[i] for i in order]
             with inference():
-                lane.admit(conn, _Batch(batch_id, order, attention), [tokens[i] for i in order],
-                           n_best)
+                lane.admit(conn, _Batch(batch_id, order, attention, [len(t) for t in ordered]),
+                           ordered, n_best)
         with inference():
             lane.start_waiting(conn)
             if lane.searches:
@@ -201,6 +201,7 @@ class _LaneSearches:
     def __init__(self, translator, turns: Turns):
         self.translator, self.turns = translator, turns
         self.variants = {}  # (n_best, attention) -> the translator with those settings
+        self.joinable = {}  # (n_best, attention) -> whether its searches take sentences
         self.searches = Searches()
         self.open = {}  # (n_best, attention) -> the search that batches of those settings join
         self.waiting = collections.deque()  # chunks to start, a step's worth at a time
@@ -214,10 +215,10 @@ class _LaneSearches:
         key = (n_best, batch.attention)
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
-        everything = _Chunk(key, batch, list(range(len(ordered))), ordered)
+            self.joinable[key] = self.variants[key].joinable()
         ahead = self.turns.ahead_until(len(ordered[-1]), self.searches.tags(), time.monotonic())
-        if ahead or not self.variants[key].joinable():
-            self._start(conn, everything, ahead)
+        if ahead or not self.joinable[key]:
+            self._start(conn, _Chunk(key, batch, list(range(len(ordered))), ordered), ahead)
             return
         chunk, tokens = [], 0
         for place, sentence in enumerate(ordered):
@@ -280,7 +281,7 @@ class _LaneSearches:
                 del search.places[len(search.places) - sum(len(c.places) for c in
                                                            search.offered):]
                 self.waiting.extendleft(reversed(search.offered))
-            elif kind == "done":  # translations not reported as they ended (empty sources)
+            elif kind == "done":  # those not reported as they ended (the sentence engine's)
                 for (batch, place), translation in zip(search.places, value):
                     if not batch.over and place not in batch.sent:
                         self._sentence(conn, batch, place, translation)
