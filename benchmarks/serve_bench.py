@@ -14,6 +14,11 @@ same checkpoint and beam. The mixed load sends one-sentence requests from one cl
 50 shortest sentences in turn), and compares the short requests' p99
 with their p99 on the idle server. ``-memory_requests N`` sends N one-sentence requests and
 samples the server's resident memory as they go. The JSON names the CPU.
+
+``-compare DIR -rounds N`` measures only the closed-loop settings, against a server started from
+another checkout of onmt_lite (an older commit: ``git worktree add DIR REV``), the two started
+in turn for each of N rounds, the first of each round alternating; reported per setting: each
+one's median and the median of the rounds' ratios (this tree / DIR).
 """
 import argparse
 import asyncio
@@ -21,6 +26,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,12 +150,12 @@ def wait_ready(process, port: int, path: str, timeout: float = 120) -> None:
     raise RuntimeError("the server did not start")
 
 
-def start_onmt_lite(args, port: int):
+def start_onmt_lite(args, port: int, root: str = ROOT):
     cmd = [sys.executable, "-m", "onmt_lite", "serve", "-model", args.model, "-src_lang", "en",
            "-tgt_lang", "de", "-port", str(port), "-beam_size", str(args.beam_size),
            "-max_queue", "100000",  # 128 clients x 10 sentences is more than the default queue
            *args.serve_options.split()]
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     wait_ready(process, port, "/ready")
     return process
@@ -209,6 +215,32 @@ def measure_server(args, name: str, port: int, api: str, lines, settings) -> lis
     return rows
 
 
+def compare(args, lines, settings) -> list:
+    """Each setting's rate for this tree and ``args.compare``, round by round (see above)."""
+    roots, rows = {"this": ROOT, "other": os.path.abspath(args.compare)}, []
+    for clients, per_request in settings:
+        rates = {name: [] for name in roots}
+        for r in range(args.rounds):
+            for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+                port = free_port()
+                server = start_onmt_lite(args, port, roots[name])
+                try:
+                    asyncio.run(closed_loop(port, "libre", clients, per_request, lines, 200))
+                    rates[name].append(asyncio.run(closed_loop(
+                        port, "libre", clients, per_request, lines, args.sentences))[0])
+                finally:
+                    server.terminate()
+                    server.wait()
+        ratio = statistics.median(a / b for a, b in zip(rates["this"], rates["other"]))
+        rows.append({"clients": clients, "sentences_per_request": per_request, "rates": rates,
+                     "median_ratio": ratio})
+        print(f"{clients:4} clients x {per_request:2} sentences: this tree "
+              f"{statistics.median(rates['this']):7.1f} sent/s, {args.compare} "
+              f"{statistics.median(rates['other']):7.1f}, round by round {ratio:.3f} "
+              f"({args.rounds} rounds)")
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-model", default=os.path.join(SHARED, "fixtures", "onmt-py",
@@ -226,6 +258,8 @@ def main(argv=None) -> None:
     p.add_argument("-mixed_requests", type=int, default=200)
     p.add_argument("-memory_requests", type=int, default=0)
     p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
+    p.add_argument("-compare", help="another checkout of onmt_lite to measure against")
+    p.add_argument("-rounds", type=int, default=3, help="with -compare")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     with open(args.src, encoding="utf-8") as f:
@@ -233,6 +267,12 @@ def main(argv=None) -> None:
     results = {"cpu": cpu(), "model": os.path.basename(args.model), "beam_size": args.beam_size,
                "rows": []}
     settings = [(c, n) for n in args.per_request for c in args.clients]
+    if args.compare:
+        results["compare"] = {"other": args.compare, "rows": compare(args, lines, settings)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     with tempfile.TemporaryDirectory() as work:
         results["command_line_sentences_per_s"] = command_line_rate(args, lines, work)
         print(f"translate.py: {results['command_line_sentences_per_s']:.1f} sent/s",
