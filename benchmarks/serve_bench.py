@@ -6,8 +6,9 @@ One checkpoint (the OpenNMT-py Transformer fixture, which all three tools load) 
 sentences of the test set. Clients are closed loops (send a request, wait for its answer, send
 the next) over keep-alive connections, written on asyncio streams so that the client costs the
 2-core machine as little as possible; every tool is measured by the same client. Reported per
-setting (clients x sentences per request): sentences per second and the p50 / p99 latency of a
-request. Beside them: translate.py's batch throughput on the same sentences (its translation
+setting (clients x sentences per request): sentences per second, the p50 / p99 latency of a
+request, and the CPU time the server's own process takes per request and its lanes per
+sentence. Beside them: translate.py's batch throughput on the same sentences (its translation
 time, start-up excluded), and OpenNMT-py's server (``onmt_server``, peers virtualenv) with the
 same checkpoint and beam. The mixed load sends one-sentence requests from one client while
 ``-mixed_clients`` clients send ten long sentences each (``-mixed_requests`` short requests, the
@@ -180,11 +181,7 @@ def rss_mib(pid: int) -> float:
     """The resident memory of process ``pid`` and its children (the server and its lanes)."""
     with open(f"/proc/{pid}/status") as f:
         total = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to the thread that made it
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            children += f.read().split()
-    return total + sum(rss_mib(int(child)) for child in children)
+    return total + sum(rss_mib(child) for child in children(pid))
 
 
 def command_line_rate(args, lines, work: str) -> float:
@@ -199,19 +196,43 @@ def command_line_rate(args, lines, work: str) -> float:
     return len(lines) / seconds
 
 
-def measure_server(args, name: str, port: int, api: str, lines, settings) -> list:
+def children(pid: int) -> list:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to the thread that made it
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(child) for child in f.read().split()]
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_server(args, name: str, process, port: int, api: str, lines, settings) -> list:
+    """Each setting's rate and latencies, and the CPU time taken by the server's own process
+    (HTTP, JSON, queues; for OpenNMT-py, decoding too) and by its children (the lanes)."""
     rows = []
     for clients, per_request in settings:
         total = args.sentences if name == "onmt_lite" else args.peer_sentences
         total = max(total, clients * per_request)
+        lanes = children(process.pid)
+        before = [cpu_seconds(pid) for pid in [process.pid] + lanes]
         rate, latencies = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))
+        used = [cpu_seconds(pid) - b for pid, b in zip([process.pid] + lanes, before)]
         row = {"server": name, "clients": clients, "sentences_per_request": per_request,
                "sentences": len(latencies) * per_request, "sentences_per_s": rate,
                "p50_ms": 1000 * percentile(latencies, 0.5),
-               "p99_ms": 1000 * percentile(latencies, 0.99)}
+               "p99_ms": 1000 * percentile(latencies, 0.99),
+               "server_cpu_ms_per_request": 1000 * used[0] / len(latencies),
+               "lanes_cpu_ms_per_sentence": 1000 * sum(used[1:]) / (len(latencies) * per_request)}
         rows.append(row)
         print(f"{name:10} {clients:4} clients x {per_request:2} sentences: {rate:7.1f} sent/s, "
-              f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms", file=sys.stderr)
+              f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, CPU: server "
+              f"{row['server_cpu_ms_per_request']:.2f} ms/request, lanes "
+              f"{row['lanes_cpu_ms_per_sentence']:.2f} ms/sentence", file=sys.stderr)
     return rows
 
 
@@ -280,7 +301,8 @@ def main(argv=None) -> None:
         port = free_port()
         server = start_onmt_lite(args, port)
         try:
-            results["rows"] += measure_server(args, "onmt_lite", port, "libre", lines, settings)
+            results["rows"] += measure_server(args, "onmt_lite", server, port, "libre", lines,
+                                              settings)
             by_length = sorted(lines, key=len)
             short, long = by_length[:100:2], by_length[-10:]
             idle = asyncio.run(closed_loop(port, "libre", 1, 1, short, args.mixed_requests))[1]
@@ -309,7 +331,7 @@ def main(argv=None) -> None:
             port = free_port()
             peer = start_onmt_py(args, port, work)
             try:
-                results["rows"] += measure_server(args, "OpenNMT-py", port, "onmt", lines,
+                results["rows"] += measure_server(args, "OpenNMT-py", peer, port, "onmt", lines,
                                                   [(c, 1) for c in args.peer_clients])
             finally:
                 peer.terminate()
@@ -318,11 +340,12 @@ def main(argv=None) -> None:
     print(f"CPU: {results['cpu']['model']}, {results['cpu']['cores']} cores; translate.py "
           f"{cli:.1f} sentences/s")
     print(f"{'server':10} {'clients':>7} {'sent/req':>8} {'sent/s':>8} {'vs CLI':>7} "
-          f"{'p50 ms':>8} {'p99 ms':>8}")
+          f"{'p50 ms':>8} {'p99 ms':>8} {'server CPU ms/req':>17} {'lanes CPU ms/sent':>17}")
     for r in results["rows"]:
         print(f"{r['server']:10} {r['clients']:7} {r['sentences_per_request']:8} "
               f"{r['sentences_per_s']:8.1f} {r['sentences_per_s'] / cli:7.2f} "
-              f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f}")
+              f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['server_cpu_ms_per_request']:17.2f} "
+              f"{r['lanes_cpu_ms_per_sentence']:17.2f}")
     if "mixed" in results:
         m = results["mixed"]
         print(f"mixed load ({m['long_clients']} clients of 10 long sentences): short requests "
