@@ -306,6 +306,11 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
     # warm-up run (-compile)
     "fast": ["-fast"], "fast-workers": ["-fast", "-workers", "{inter}", "-inter_threads", "1"],
     "fast-int8-workers": ["-fast", "-int8", "-workers", "{inter}", "-inter_threads", "1"],
+    # -int8_engine named rather than picked for the CPU (auto)
+    "fast-int8-fbgemm-workers": ["-fast", "-int8", "-int8_engine", "fbgemm", "-workers",
+                                 "{inter}", "-inter_threads", "1"],
+    "fast-int8-onednn-workers": ["-fast", "-int8", "-int8_engine", "onednn", "-workers",
+                                 "{inter}", "-inter_threads", "1"],
     "compiled": ["-compile", "-compile_cache", "{cache}"],
     "compiled-workers": ["-compile", "-compile_cache", "{cache}", "-workers", "{inter}",
                          "-inter_threads", "1"],

@@ -19,6 +19,7 @@ from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
 from onmt_lite.errors import OptionError
 from onmt_lite.journal import Journal, JournalError
+from onmt_lite.models.int8 import ENGINES
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic, same_file
 from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
              "with no -threads or -workers, one batch per core, each in a forked process of one "
              "torch thread, where the input has several batches, else one batch on every core")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
+    add(g, "int8_engine", default="auto", choices=list(ENGINES),
+        help="-int8: torch's kernels for the int8 products (fbgemm or onednn); auto: torch's "
+             "default (fbgemm on x86)")
     add(g, "fast", action="store_true",
         help="the fast path: the Transformer decoder step with one product for queries, keys "
              "and values and short self-attentions without batched products (with -int8 the "

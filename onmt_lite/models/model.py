@@ -1,7 +1,6 @@
 """NMTModel (encoder + decoder + generator) and build_model(opt)."""
 import contextlib
 import copy
-import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -10,6 +9,7 @@ from torch import nn
 from onmt_lite.errors import OptionError
 from onmt_lite.models.bfloat16 import to_bfloat16
 from onmt_lite.models.fast import to_fast
+from onmt_lite.models.int8 import quantize
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
 from onmt_lite.models.transformer import (
     ACTIVATIONS,
@@ -145,8 +145,9 @@ def inference():
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,
                   precision: str = "fp32", fast: bool = False, compile: bool = False,
-                  compile_cache: str = "") -> NMTModel:
-    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU), in half
+                  compile_cache: str = "", int8_engine: str = "auto") -> NMTModel:
+    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU, by the
+    kernels of ``int8_engine``, see int8.py), in half
     precision (GPU) or with bf16 products (CPU, see bfloat16.py), optionally on the fast path,
     compiled or not (see fast.py); searches keep their scores in fp32."""
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -166,10 +167,7 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
         compiled = getattr(model.decoder, "compiled_step", None) is not None
         to_bfloat16(model, skip=model.decoder if compiled else None)
     if int8:
-        with warnings.catch_warnings():  # torch flags its quantised tensor types as legacy
-            warnings.simplefilter("ignore")
-            layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
-                else {nn.Linear}
-            model = torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
-                                                           inplace=True)
+        layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
+            else {nn.Linear}
+        model = quantize(model, layers, int8_engine)
     return model

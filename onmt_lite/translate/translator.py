@@ -791,7 +791,8 @@ def _load(opt, paths: List[str], values: dict, device: str):
                         for other in paths[1:]]
     models = [for_inference(m, device, bool(_get(opt, "int8", False)),
                             _get(opt, "precision", "fp32") or "fp32", bool(_get(opt, "fast")),
-                            bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "")
+                            bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
+                            _get(opt, "int8_engine", "auto") or "auto")
               for m in models]
     return models, src_vocab, tgt_vocab, values, transform
 

@@ -1,0 +1,59 @@
+"""``-int8``: dynamic int8 quantisation (weights int8 per tensor, made once; each product's input
+quantised as it comes), and which of torch's CPU kernels run it (``-int8_engine``).
+
+torch packs a layer's int8 weights for one engine, chosen by ``torch.backends.quantized.engine``
+when they are packed; the product then runs that engine's kernel. Both engines quantise the same
+way (inputs to 7 bits, ``reduce_range``, as the layers' own calls do), so they round
+differently, nothing more. ``auto`` keeps torch's default (fbgemm on x86). On an Intel Xeon
+with AMX, oneDNN's products alone are 1.4-2.3x fbgemm's speed over 60 rows or more (one thread;
+slower below 8 rows), but a decoding of the Transformer fixture is no faster (1,000 lines, one
+thread: level; two workers: 0.95x, each process 35% larger): its products are a step's larger
+share only for larger models or batches (docs/speed.md).
+"""
+import contextlib
+import warnings
+
+import torch
+from torch import nn
+
+from onmt_lite.errors import OptionError
+
+ENGINES = ("auto", "fbgemm", "onednn")
+
+
+def supported_engines() -> list:
+    return torch.backends.quantized.supported_engines
+
+
+def pick_engine(choice: str = "auto") -> str:
+    """The quantised engine ``-int8_engine choice`` names on this CPU and torch build."""
+    supported = supported_engines()
+    if choice == "auto":
+        return torch.backends.quantized.engine
+    if choice not in ENGINES:
+        raise OptionError(f"-int8_engine must be one of {', '.join(ENGINES)}")
+    if choice not in supported:
+        raise OptionError(f"-int8_engine {choice}: this torch build has no such engine "
+                          f"(it has {', '.join(e for e in supported if e != 'none')})")
+    return choice
+
+
+@contextlib.contextmanager
+def packing_for(engine: str):
+    """Weights quantised inside pack for ``engine``; torch's global setting is put back."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def quantize(model: nn.Module, layers: set, engine: str = "auto") -> nn.Module:
+    """``model`` with its ``layers`` (module types) replaced in place by dynamic int8 ones,
+    packed for ``pick_engine(engine)``."""
+    with warnings.catch_warnings(), packing_for(pick_engine(engine)):
+        warnings.simplefilter("ignore")  # torch flags its quantised tensor types as legacy
+        return torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
+                                                      inplace=True)
+
