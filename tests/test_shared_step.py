@@ -1,6 +1,7 @@
 """Searches whose decoder steps run together (the server's continuous batching): a batch that
 joins others at any step translates as it does alone, and one search's error ends only it."""
 import os
+import time
 
 import pytest
 import torch
@@ -203,7 +204,7 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
     while now < 5:
         if not any(s.ahead_until > now for s in running[1:]):  # the next short request
             short = search(1, 5)
-            short.ahead_until = turns.ahead_until(5, [long], now)
+            short.ahead_until = turns.ahead_until([5], [long], now)
             assert short.ahead_until == now + 0.5
             running = [long, short]
         only = turns.choose(running, now)
@@ -213,8 +214,42 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
         turns.took(only, seconds)
         now += seconds
     assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
-    assert turns.ahead_until(30, [long], now) == 0.0 and turns.choose([long, search(1, 30)],
+    assert turns.ahead_until([30], [long], now) == 0.0 and turns.choose([long, search(1, 30)],
                                                                       now) is None
+
+
+def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
+    """A batch whose every sentence is at least twice as long as every sentence of the running
+    search starts a search of its own instead of joining it, and the short one steps alone
+    (Turns) for its head start; each translation is its own alone."""
+    from types import SimpleNamespace
+
+    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    translator = build_translator({"model": MODEL, "max_length_ratio": 0})
+    lane, messages = _LaneSearches(translator, Turns(0.5)), []
+    conn = SimpleNamespace(send=messages.append)
+    short, long = DEMO[0], " ".join(DEMO[:4])
+    lines = [short, long, short]
+    tokens = [translator.source_tokens(line, 1) for line in lines]
+    assert 2 * len(tokens[0]) <= len(tokens[1])
+    with inference():
+        lane.admit(conn, _Batch(0, [0], False, [len(tokens[0])]), [tokens[0]], 1)
+        lane.start_waiting(conn)
+        lane.step(conn)
+        first = lane.open[(1, False)]
+        lane.admit(conn, _Batch(1, [0], False, [len(tokens[1])]), [tokens[1]], 1)
+        lane.start_waiting(conn)
+        assert len(lane.searches) == 2 and lane.open[(1, False)] is not first
+        assert first.ahead_until > time.monotonic()  # the short search steps alone
+        assert lane.turns.choose(lane.searches.tags(), time.monotonic()) is not None
+        lane.admit(conn, _Batch(2, [0], False, [len(tokens[2])]), [tokens[2]], 1)  # ahead too
+        assert len(lane.searches) == 3
+        while lane.busy():
+            lane.start_waiting(conn)
+            lane.step(conn)
+    alone = [t.output_lines() for t in translator.translate(lines, batch_size=1)]
+    assert sorted((m[1], m[3][0]) for m in messages if m[0] == "sentence") == list(
+        enumerate(alone))
 
 
 def test_a_lane_starts_a_long_batch_in_chunks_and_answers_each_sentence_once():

@@ -118,30 +118,41 @@ class _Search:
     def batches(self) -> List[_Batch]:
         return list({id(batch): batch for batch, _ in self.places}.values())
 
-    def shortest(self) -> int:
-        """The source length of its shortest sentence still decoding."""
-        return min((batch.lengths[place] for batch, place in self.places
-                    if place not in batch.sent and not batch.over), default=0)
+    def lengths(self) -> List[int]:
+        """The source lengths of its sentences still decoding."""
+        return [batch.lengths[place] for batch, place in self.places
+                if place not in batch.sent and not batch.over]
 
 
 class Turns:
-    """Which of a lane's searches take the next step: a batch of short sentences that arrives
-    beside long ones (its longest source at most half as long as every running sentence's)
-    steps alone, as a search of its own, for ``head_start`` seconds, its steps alternating with
-    steps of every search so that those it takes alone use at most half the lane's time;
-    otherwise every search steps."""
+    """Which of a lane's searches take the next step. Short sentences beside long ones step
+    alone, as searches of their own, for ``head_start`` seconds, their steps alternating with
+    steps of every search so that those they take alone use at most half the lane's time;
+    otherwise every search steps. Short beside long: a batch whose longest source is at most
+    half as long as every running sentence's, and the running searches whose every sentence is
+    at most half as long as every sentence of a batch that arrives (which starts a search of its
+    own instead of joining theirs)."""
 
     def __init__(self, head_start: float):
         self.head_start = head_start
         self.alone = self.together = 0.0  # seconds of steps while some search is ahead
 
-    def ahead_until(self, longest: int, running: List[_Search], now: float) -> float:
-        """Until when a batch whose longest source has ``longest`` tokens, arriving now, steps
-        alone (0: it does not)."""
-        others = [s for s in running if s.ahead_until <= now]
-        if others and 2 * longest <= min(s.shortest() for s in others):
+    def ahead_until(self, lengths: List[int], running: List[_Search], now: float) -> float:
+        """Until when a batch of sources ``lengths`` tokens long, arriving now, steps alone (0:
+        it does not)."""
+        others = [min(s.lengths(), default=0) for s in running if s.ahead_until <= now]
+        if others and 2 * max(lengths) <= min(others):
             return now + self.head_start
         return 0.0
+
+    def let_ahead(self, lengths: List[int], running: List[_Search], now: float) -> list:
+        """The running searches that step alone from now on, beside sentences of sources
+        ``lengths`` tokens long that start now (and do not join them)."""
+        ahead = [s for s in running if s.ahead_until <= now and s.lengths()
+                 and 2 * max(s.lengths()) <= min(lengths)]
+        for search in ahead:
+            search.ahead_until = now + self.head_start
+        return ahead
 
     def choose(self, running: List[_Search], now: float):
         """None: every search steps; else the test of the searches that step alone."""
@@ -216,7 +227,7 @@ class _LaneSearches:
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
             self.joinable[key] = self.variants[key].joinable()
-        ahead = self.turns.ahead_until(len(ordered[-1]), self.searches.tags(), time.monotonic())
+        ahead = self.turns.ahead_until(batch.lengths, self.searches.tags(), time.monotonic())
         if ahead or not self.joinable[key]:
             self._start(conn, _Chunk(key, batch, list(range(len(ordered))), ordered), ahead)
             return
@@ -238,6 +249,10 @@ class _LaneSearches:
             chunk = self.waiting.popleft()
             tokens += sum(map(len, chunk.tokens))
             search = self.open.get(chunk.key)
+            if search is not None and self.turns.let_ahead(
+                    [len(t) for t in chunk.tokens], [search], time.monotonic()):
+                del self.open[chunk.key]  # long beside short: a search of its own
+                search = None
             if search is not None and self.searches.offer(search, chunk.tokens):
                 search.add(chunk)
                 search.offered.append(chunk)
