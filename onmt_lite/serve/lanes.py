@@ -195,10 +195,9 @@ def lane_main(options: dict, conn, head_start: float) -> None:
                 lane.admit(conn, _Batch(batch_id, order, attention, [len(t) for t in ordered]),
                            ordered, n_best)
         with inference():
-            lane.start_waiting(conn)
-            if lane.searches:
+            if lane.busy():
                 lane.step(conn)
-            elif stopping and not lane.busy():
+            elif stopping:
                 return
 
 
@@ -274,9 +273,13 @@ class _LaneSearches:
         self._send(conn, events)
 
     def step(self, conn) -> None:
+        """One turn (Turns): the searches whose turn it is take a step; on a turn of every
+        search, waiting chunks start first (encoding them is the others' time)."""
         start = time.monotonic()
         only = self.turns.choose(self.searches.tags(), start)
-        events = self.searches.step(only=only)
+        if only is None:
+            self.start_waiting(conn)
+        events = self.searches.step(only=only) if self.searches else []
         self.turns.took(only, time.monotonic() - start)
         self._send(conn, events)
 
