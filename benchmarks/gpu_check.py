@@ -7,7 +7,10 @@
 For each configuration (exact fp32, ``-fast``, ``-precision bf16``, ``-compile``, beam 5, batch
 ``-batch_size``) on ``cuda:0``: its translation time (the second of two runs, the GPU
 synchronised), the share of lines identical to exact decoding on the CPU, BLEU against ``-tgt``,
-or the error it raised, one line. The JSON names the GPU and the CPU.
+or the error it raised, one line. ``joined`` decodes the sentences as the server's lanes do,
+one arriving every other step and joining the running search, and also gives the share of
+lines identical to each sentence decoded alone on the GPU (``-max_length_ratio 0``, so that no
+limit depends on the other sentences). The JSON names the GPU and the CPU.
 """
 import argparse
 import json
@@ -26,6 +29,7 @@ CONFIGS = {
     "-fast": {"fast": True},
     "-precision bf16": {"precision": "bf16"},
     "-compile": {"compile": True},
+    "joined": {"max_length_ratio": 0},
 }
 
 
@@ -39,6 +43,32 @@ def translate(options: dict, lines, batch_size: int, device: str):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     return outputs, seconds
+
+
+def joined(options: dict, lines):
+    """``lines`` decoded by a lane (serve/lanes.py), one arriving every other step."""
+    from types import SimpleNamespace
+
+    from onmt_lite.models.model import inference
+    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    translator = build_translator(options)
+    lane, messages = _LaneSearches(translator, Turns(0.5)), []
+    conn = SimpleNamespace(send=messages.append)
+    start = time.perf_counter()
+    with inference():
+        for i, line in enumerate(lines):
+            tokens = translator.source_tokens(line, 1)
+            lane.admit(conn, _Batch(i, [0], False, [len(tokens)]), [tokens], 1)
+            for _ in range(2):
+                if lane.busy():
+                    lane.step(conn)
+        while lane.busy():
+            lane.step(conn)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    found = {m[1]: m[3][0][0] for m in messages if m[0] == "sentence"}
+    alone = [t.output_lines()[0] for t in translator.translate(lines, batch_size=1)]
+    return [found[i] for i in range(len(lines))], seconds, alone
 
 
 def main(argv=None) -> None:
@@ -65,9 +95,13 @@ def main(argv=None) -> None:
     if refs:
         results["cpu exact fp32"]["bleu"] = sacrebleu.corpus_bleu(exact, [refs]).score
     for name in args.configs:
+        alone = None
         try:
-            out, seconds = translate(dict(base, gpu=0, **CONFIGS[name]), lines,
-                                     args.batch_size, "cuda")
+            if name == "joined":
+                out, seconds, alone = joined(dict(base, gpu=0, **CONFIGS[name]), lines)
+            else:
+                out, seconds = translate(dict(base, gpu=0, **CONFIGS[name]), lines,
+                                         args.batch_size, "cuda")
         except Exception as err:  # noqa: BLE001 - reported, the other configurations run
             results[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
         else:
@@ -76,6 +110,8 @@ def main(argv=None) -> None:
                              "speedup_vs_cpu_exact": cpu_seconds / seconds}
             if refs:
                 results[name]["bleu"] = sacrebleu.corpus_bleu(out, [refs]).score
+            if alone is not None:
+                results[name]["identical_to_alone"] = sum(map(str.__eq__, out, alone)) / len(out)
         print(name, json.dumps(results[name]), flush=True)
     print(json.dumps(results, indent=1))
     if args.json:
