@@ -187,11 +187,14 @@ def test_a_search_whose_step_fails_ends_alone():
     assert searches.step() == [("good", "done", [8.0, 8.0])]
 
 
-def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
-    """Turns, on a lane with a search of 10 sentences of 30 tokens: newcomers of one sentence of
-    5 tokens, arriving one after another, take steps alone, but the long sentences still get
-    half the lane's time; a newcomer as long as the sentences there steps with them."""
-    from onmt_lite.serve.lanes import Turns, _Batch, _Chunk, _Search
+@pytest.mark.parametrize("sentences, share", [(8, 1 / 2), (1, 1 / 3)])
+def test_short_sentences_beside_long_ones_step_alone_for_a_share_of_the_time(sentences, share):
+    """Turns, on a lane with a search of 10 sentences of 30 tokens: newcomers of 5 tokens,
+    arriving one batch after another, take steps alone, but the long sentences still get half
+    the lane's time (a third beside a few sentences, FEW_AHEAD); a newcomer as long as the
+    sentences there steps with them."""
+    from onmt_lite.serve.lanes import FEW_AHEAD, Turns, _Batch, _Chunk, _Search
+    assert (sentences <= FEW_AHEAD) == (share < 1 / 2)
 
     def search(sentences, length):
         found = _Search((1, False))
@@ -202,9 +205,9 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
     turns, long = Turns(head_start=0.5), search(10, 30)
     running, now, long_time, alone_steps = [long], 0.0, 0.0, 0
     while now < 5:
-        if not any(s.ahead_until > now for s in running[1:]):  # the next short request
-            short = search(1, 5)
-            short.ahead_until = turns.ahead_until([5], [long], now)
+        if not any(s.ahead_until > now for s in running[1:]):  # the next short batch
+            short = search(sentences, 5)
+            short.ahead_until = turns.ahead_until([5] * sentences, [long], now)
             assert short.ahead_until == now + 0.5
             running = [long, short]
         only = turns.choose(running, now)
@@ -213,9 +216,9 @@ def test_short_sentences_beside_long_ones_step_alone_at_most_half_the_time():
         long_time += 0 if only else seconds
         turns.took(only, seconds)
         now += seconds
-    assert alone_steps > 0 and long_time / now >= 0.5 - 0.01
+    assert alone_steps > 0 and share - 0.01 <= long_time / now <= share + 0.05
     assert turns.ahead_until([30], [long], now) == 0.0 and turns.choose([long, search(1, 30)],
-                                                                      now) is None
+                                                                        now) is None
 
 
 def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
