@@ -316,6 +316,11 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
                          "-inter_threads", "1"],
     "compiled-int8-workers": ["-compile", "-compile_cache", "{cache}", "-int8", "-workers",
                               "{inter}", "-inter_threads", "1"],
+    # -fast's precision named rather than picked for the CPU (auto)
+    "fast-fp32-workers": ["-fast", "-precision", "fp32", "-workers", "{inter}",
+                          "-inter_threads", "1"],
+    "fast-mixed-workers": ["-fast", "-precision", "mixed", "-workers", "{inter}",
+                           "-inter_threads", "1"],
     "fast-bf16-workers": ["-fast", "-precision", "bf16", "-workers", "{inter}",
                           "-inter_threads", "1"],
     "compiled-bf16-workers": ["-compile", "-compile_cache", "{cache}", "-precision", "bf16",

@@ -105,3 +105,36 @@ def test_warns_on_a_cpu_without_bf16_units(monkeypatch, caplog):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     to_bfloat16(nn.Linear(2, 2))
     assert "no bf16 units" in caplog.text
+
+
+def test_mixed_keeps_the_output_layer_in_fp32(model_case, padded_batch):
+    """-precision mixed: the encoder's and decoder's products in bf16, the generator's fp32."""
+    _, _, model = model_case
+    src, src_len, tgt = padded_batch
+    model.eval()
+    mixed = for_inference(copy.deepcopy(model), "cpu", precision="mixed")
+    assert type(mixed.generator) is nn.Linear and mixed.generator.weight.dtype == torch.float32
+    for part in (mixed.encoder, mixed.decoder):
+        assert not any(type(m) in (nn.Linear, nn.LSTMCell, nn.GRUCell) for m in part.modules())
+    with torch.inference_mode():
+        expected, _ = model(src, src_len, tgt)
+        got, _ = mixed(src, src_len, tgt)
+    assert (got - expected).abs().max() < 0.05
+    with pytest.raises(ValueError, match="mixed is for CPU"):
+        for_inference(copy.deepcopy(model), "cuda", precision="mixed")
+
+
+@pytest.mark.parametrize("amx, options, picked", [
+    (True, {"fast": True}, "mixed"),
+    (False, {"fast": True}, "fp32"),  # measured on AMX only
+    (True, {}, "fp32"),  # exact decoding stays exact
+    (True, {"fast": True, "int8": True}, "fp32"),
+    (True, {"fast": True, "compile": True}, "fp32"),
+])
+def test_auto_picks_mixed_for_the_fast_path_on_amx(monkeypatch, amx, options, picked):
+    from onmt_lite.models import model as model_module
+    monkeypatch.setattr(model_module, "has_amx", lambda: amx)
+    flags = dict({"fast": False, "int8": False, "compile": False}, **options)
+    assert model_module.pick_precision("auto", "cpu", **flags) == picked
+    assert model_module.pick_precision("fp32", "cpu", **flags) == "fp32"
+    assert model_module.pick_precision("auto", "cuda:0", **dict(flags, int8=False)) == "fp32"

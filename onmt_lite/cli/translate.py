@@ -173,9 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "compile_cache", default="",
         help="-compile: folder for the compiled code, reused by later runs (default: "
              "$TORCHINDUCTOR_CACHE_DIR, else ~/.cache/onmt_lite/compiled)")
-    add(g, "precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+    add(g, "precision", default="auto", choices=["auto", "fp32", "fp16", "bf16", "mixed"],
         help="fp16: GPU only; bf16: on GPU the whole model, on CPU the matrix products "
-             "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16)")
+             "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16); mixed: CPU, "
+             "bf16 products in the encoder and decoder, the output layer's fp32; auto: mixed "
+             "for -fast on a CPU with AMX (uncompiled, without -int8), else fp32")
     return parser
 
 

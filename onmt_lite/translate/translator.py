@@ -790,7 +790,7 @@ def _load(opt, paths: List[str], values: dict, device: str):
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
                         for other in paths[1:]]
     models = [for_inference(m, device, bool(_get(opt, "int8", False)),
-                            _get(opt, "precision", "fp32") or "fp32", bool(_get(opt, "fast")),
+                            _get(opt, "precision", "auto") or "auto", bool(_get(opt, "fast")),
                             bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
                             _get(opt, "int8_engine", "auto") or "auto")
               for m in models]
