@@ -63,3 +63,10 @@ def test_an_engine_this_torch_lacks_is_refused(monkeypatch):
                                           r"engine \(it has qnnpack\)"):
         int8.pick_engine("onednn")
     assert int8.pick_engine("auto") == torch.backends.quantized.engine
+
+
+def test_an_engine_without_int8_is_refused(src_vocab, tgt_vocab):
+    with pytest.raises(OptionError, match="-int8_engine onednn names the kernels of -int8: "
+                                          "add -int8"):
+        for_inference(make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3), "cpu",
+                      int8_engine="onednn")

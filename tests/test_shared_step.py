@@ -221,6 +221,19 @@ def test_short_sentences_beside_long_ones_step_alone_for_a_share_of_the_time(sen
                                                                         now) is None
 
 
+def test_a_search_keeps_the_lengths_of_its_sentences_still_decoding():
+    """What Turns reads at every step and every batch, kept as sentences end rather than
+    recounted over every sentence a long-running search ever took."""
+    from onmt_lite.serve.lanes import _Batch, _Chunk, _Search
+    search = _Search((1, False))
+    for lengths in ([3, 7], [5]):
+        batch = _Batch(0, list(range(len(lengths))), False, lengths)
+        search.add(_Chunk((1, False), batch, list(range(len(lengths))),
+                          [["x"] * n for n in lengths]))
+    assert search.ended(1) == (search.places[1][0], 1)
+    assert search.decoding == {0: 3, 2: 5}
+
+
 def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
     """A batch whose every sentence is at least twice as long as every sentence of the running
     search starts a search of its own instead of joining it, and the short one steps alone

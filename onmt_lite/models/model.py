@@ -175,6 +175,8 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
         raise OptionError("-precision mixed is for CPU decoding; on a GPU use bf16 or fp16")
     if int8 and on_gpu:
         raise OptionError("-int8 is for CPU decoding (drop -gpu)")
+    if int8_engine != "auto" and not int8:
+        raise OptionError(f"-int8_engine {int8_engine} names the kernels of -int8: add -int8")
     if int8 and precision != "fp32":
         raise OptionError(f"-int8 and -precision {precision} exclude each other")
     model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()

@@ -21,7 +21,7 @@ import dataclasses
 import multiprocessing
 import signal
 import time
-from typing import List
+from typing import Dict, List
 
 import torch
 
@@ -110,22 +110,26 @@ class _Chunk:
 class _Search:
     """One of the lane's searches and the sentences it decodes: several chunks where they
     joined it between its steps; ``places``: its sentences in its own order, as (batch,
-    place)."""
+    place); ``decoding``: the source length of each one still decoding, by its index there
+    (a search that sentences keep joining runs on, so its places only grow)."""
     key: tuple  # the settings (n_best, attention) of its batches
     places: List[tuple] = dataclasses.field(default_factory=list)
+    decoding: Dict[int, int] = dataclasses.field(default_factory=dict)
     offered: List[_Chunk] = dataclasses.field(default_factory=list)  # not taken yet
     ahead_until: float = 0.0  # until when it steps alone (its head start)
 
     def add(self, chunk: _Chunk) -> None:
-        self.places += [(chunk.batch, place) for place in chunk.places]
+        for place in chunk.places:
+            self.decoding[len(self.places)] = chunk.batch.lengths[place]
+            self.places.append((chunk.batch, place))
+
+    def ended(self, index: int) -> tuple:
+        """(batch, place) of its sentence ``index``, which no longer decodes."""
+        del self.decoding[index]
+        return self.places[index]
 
     def batches(self) -> List[_Batch]:
         return list({id(batch): batch for batch, _ in self.places}.values())
-
-    def lengths(self) -> List[int]:
-        """The source lengths of its sentences still decoding."""
-        return [batch.lengths[place] for batch, place in self.places
-                if place not in batch.sent and not batch.over]
 
 
 class Turns:
@@ -145,7 +149,7 @@ class Turns:
     def ahead_until(self, lengths: List[int], running: List[_Search], now: float) -> float:
         """Until when a batch of sources ``lengths`` tokens long, arriving now, steps alone (0:
         it does not)."""
-        others = [min(s.lengths(), default=0) for s in running if s.ahead_until <= now]
+        others = [min(s.decoding.values(), default=0) for s in running if s.ahead_until <= now]
         if others and 2 * max(lengths) <= min(others):
             return now + self.head_start
         return 0.0
@@ -153,8 +157,8 @@ class Turns:
     def let_ahead(self, lengths: List[int], running: List[_Search], now: float) -> list:
         """The running searches that step alone from now on, beside sentences of sources
         ``lengths`` tokens long that start now (and do not join them)."""
-        ahead = [s for s in running if s.ahead_until <= now and s.lengths()
-                 and 2 * max(s.lengths()) <= min(lengths)]
+        ahead = [s for s in running if s.ahead_until <= now and s.decoding
+                 and 2 * max(s.decoding.values()) <= min(lengths)]
         for search in ahead:
             search.ahead_until = now + self.head_start
         return ahead
@@ -165,7 +169,7 @@ class Turns:
         if not ahead:
             self.alone = self.together = 0.0
             return None
-        few = sum(len(s.lengths()) for s in ahead) <= FEW_AHEAD
+        few = sum(len(s.decoding) for s in ahead) <= FEW_AHEAD
         if self.alone <= (2 if few else 1) * self.together:
             return lambda s: s.ahead_until > now
         return None
@@ -295,7 +299,7 @@ class _LaneSearches:
         sentences are sent, or its error, to the server."""
         for search, kind, value in events:
             if kind == "ended":
-                self._sentence(conn, *search.places[value[0]], value[1])
+                self._sentence(conn, *search.ended(value[0]), value[1])
                 continue
             if kind == "joined":
                 del search.offered[:len(value)]
