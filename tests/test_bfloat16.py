@@ -129,7 +129,8 @@ def test_mixed_keeps_the_output_layer_in_fp32(model_case, padded_batch):
     (False, {"fast": True}, "fp32"),  # measured on AMX only
     (True, {}, "fp32"),  # exact decoding stays exact
     (True, {"fast": True, "int8": True}, "fp32"),
-    (True, {"fast": True, "compile": True}, "fp32"),
+    (True, {"fast": True, "compile": True}, "mixed"),
+    (True, {"compile": True}, "mixed"),
 ])
 def test_auto_picks_mixed_for_the_fast_path_on_amx(monkeypatch, amx, options, picked):
     from onmt_lite.models import model as model_module

@@ -82,8 +82,7 @@ def test_the_default_layout_puts_batches_side_by_side(src_vocab, tgt_vocab, torc
     alone = [t.preds for t in one.translate(lines[:4], batch_size=4)]
     assert [t.preds for t in auto.translate(lines[:4], batch_size=4)] == alone
     assert pools == [2]  # a lone batch: no processes
-    threads = Translator(model, src_vocab, tgt_vocab, inter_threads=0)
-    threads.cores, threads.may_fork = 2, False  # as after -compile
+    threads = Translator(model, src_vocab, tgt_vocab, inter_threads=2)  # batches on threads
     assert not threads._forks([batch] * 5)
     assert [t.preds for t in threads.translate(lines, batch_size=4)] == expected
     assert pools == [2]

@@ -1,90 +1,90 @@
 """The Transformer decoder's step compiled whole (``-compile``): the embedding, every layer and
-the final norm as one graph, so a step is one call into compiled code instead of some two
-hundred operations each dispatched on its own.
+the final norm as one program, compiled ahead of time by AOTInductor and kept on disk, so a step
+is one call into compiled code instead of some two hundred operations each dispatched on its
+own.
 
-What makes one graph serve every step of every batch:
-- The position is a tensor, not a number, and the self-attention reads the cache's whole
-  capacity (KVCache grows it geometrically: 16, 32, 64... positions), later positions masked:
-  a step's shapes change only when the capacity grows.
-- The graph writes nothing into the cache: it attends to the cached prefix and to its own new
+What makes one program serve every step of every batch:
+- Each row's position is an entry of a tensor (rows at different positions share a step, as
+  the server's joined searches need), and the self-attention reads the cache's whole capacity
+  (KVCache grows it geometrically: 16, 32, 64... positions), the columns at and past a row's
+  position masked.
+- The program writes nothing into the cache: it attends to the cached prefix and to its own new
   keys and values, and returns those, which one copy then writes into the cache at the
-  position. An in-place write inside the graph would make Inductor copy the whole cache back
-  at every step.
-- Dynamic shapes without "duck sizing" (equal sizes are not assumed equal for ever), so rows,
-  source length, capacity and the rows per source row are free: the fixture compiles five
-  graphs (the first step, where the hypotheses share one row each, the steps after it, and
-  their cases of one row or one sentence).
+  position. An in-place write inside it would copy the whole cache at every step.
+- Rows, sources, source length, capacity and the cache's buffer rows are dynamic dimensions of
+  one exported program; the rows per source row (``group``: one before the beam is tiled, the
+  beam size after it) is fixed in each, so a run builds at most two.
+- Frozen: the weights are constants of the program, prepacked for the CPU's kernels (oneDNN's
+  AMX/AVX-512 bf16 products, MKL's packed fp32 ones). Such weights cannot go through torch's
+  compile cache, which is why the program is exported and compiled ahead of time: the package
+  (the compiled code and the packed weights) is kept in the compile cache, named after what it
+  was made from (the weights, the group, the precision, torch, the CPU), and a later process
+  loads it in a fraction of a second.
+- Serial code: compiled for one OpenMP thread, so a forked child never meets an OpenMP team it
+  did not inherit, and the default layout (a process per core) holds with -compile too.
 
-With ``-precision bf16`` the products run in bf16 under autocast inside the graph (oneDNN's
-kernels for the CPU's AMX or AVX-512 BF16 units); norms, softmaxes and the cache stay fp32.
+With bf16 (``-precision mixed`` or ``bf16``) the products run in bf16 under autocast inside the
+program; norms, softmaxes and the cache stay fp32.
 
 Cache positions past the prefix are masked, and their values weighted by an exact zero; a zero
 times a NaN would still be NaN, so the decoder's cache is made with zeroed memory (KVCache's
 ``zeroed``).
 
-Nothing here is CPU-only, but on CUDA (an H100, torch 2.11.0+cu130) torch fails to trace the
-dynamic-shape graph (BackendCompilerFailed, ``prims::convert_element_type`` given a MetaProxy,
-with the aot_eager backend too), and the step then runs uncompiled after one line
-(build_translator); compiled with static shapes it gives the uncompiled step's translations.
-What a GPU would add is CUDA graphs (``mode="reduce-overhead"``), which need shapes that never
-change: finished rows kept and masked instead of dropped, and one capacity for the whole batch.
+Nothing here is CPU-only; on a GPU the same program could be exported for CUDA (untested: no
+GPU is part of this path's measurements), and CUDA graphs would need shapes that never change:
+finished rows kept and masked instead of dropped, and one capacity for the whole batch.
 """
-from typing import Callable, Tuple
+import hashlib
+import os
+from typing import Callable, Dict, List, Tuple
 
 import torch
+from torch import nn
 
 from onmt_lite.constants import MASKED_LOGIT
 
+# a builder: (the step module, example arguments, their dynamic shapes, a name for what the
+# program is made of) -> a function of the same arguments (see fast.aot_compiler)
+Builder = Callable[[nn.Module, tuple, dict, str], Callable]
+EXAMPLE_SOURCES, EXAMPLE_LENGTH, EXAMPLE_CAPACITY = 2, 3, 16
 
-class CompiledStep:
-    """``decoder.step`` for a TransformerDecoder whose layers are FastDecoderLayers, with its
-    work compiled by ``compile`` (see fast.compiler). Holds no decoder state: replicas of the
-    decoder (other threads) share one CompiledStep and its compiled code.
 
-    Args:
-        decoder: the TransformerDecoder (its modules are shared, not copied).
-        compile: turns the step function into its compiled version.
-        bf16: run the products in bf16 (autocast) inside the graph.
-    """
+def min_buffer_rows(group: int) -> int:
+    """The fewest cache buffer rows a program takes: export traces the rows as two sources or
+    more, and the buffer holds every row. A lone sentence's steps run uncompiled."""
+    return 2 * group
 
-    def __init__(self, decoder, compile: Callable, bf16: bool = False):
+
+class StepProgram(nn.Module):
+    """What is compiled: one step for rows in blocks of ``group`` per source row. Holds the
+    decoder's modules (shared, not copied), so their weights become the program's constants.
+
+    forward: tokens (R,) in cache order, positions (R,), the cache's buffer (layers, 2, buffer
+    rows >= R, heads, capacity, dim) holding each row's prefix, the memory's keys (B, h, d, S)
+    and values (B, h, S, d) of each layer, the source bias (B, h, 1, S); R = group x B. Returns
+    the output (R, H), head 0 of the last context attention (R, S) and the step's keys and
+    values (layers, 2, R, heads, 1, dim)."""
+
+    def __init__(self, decoder, group: int, bf16: bool):
+        super().__init__()
         self.embeddings, self.layers, self.norm = (decoder.embeddings, decoder.layers,
                                                    decoder.layer_norm)
-        self.bf16 = bf16
-        self.graph = compile(self._step)
+        self.group, self.bf16 = group, bf16
 
-    def __call__(self, decoder, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One step of ``decoder`` (its state and cache): tokens (B,) -> out (B, H), attn (B, S)."""
-        cache, position = decoder.cache, decoder.position
-        if position + 1 > self.embeddings.max_len:
-            raise ValueError(f"sequence longer than {self.embeddings.max_len} positions")
-        cache.reserve(1)
-        state = decoder.state
-        memory = [state[key] for key in decoder.source_keys[1:]]  # keys, values of each layer
-        out, attn, new = self.graph(cache.to_buffer(tokens).contiguous(),
-                                    torch.tensor(position, device=tokens.device),
-                                    cache.buffer, memory, state["src_mask"], decoder.group)
-        cache.buffer[:, :, :new.size(2), :, position:position + 1] = new
-        cache.advance(1)
-        decoder.position = position + 1
-        return cache.from_buffer(out), cache.from_buffer(attn)
-
-    def _step(self, tokens, position, buffer, memory, src_bias, group: int):
-        """The compiled function: tokens (R,) in cache order at ``position`` (a 0-d tensor);
-        the cache ``buffer`` (layers, 2, rows, heads, capacity, dim) holds the prefix. Returns the output
-        (R, H), head 0 of the last context attention (R, S) and the step's keys and values
-        (layers, 2, R, heads, 1, dim)."""
+    def forward(self, tokens, positions, buffer, memory: List[torch.Tensor], src_bias):
         if self.bf16:
             with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-                out, attn, new = self._layers(tokens, position, buffer, memory, src_bias, group)
+                out, attn, new = self.layers_step(tokens, positions, buffer, memory, src_bias)
             return out.float(), attn.float(), new.float()
-        return self._layers(tokens, position, buffer, memory, src_bias, group)
+        return self.layers_step(tokens, positions, buffer, memory, src_bias)
 
-    def _layers(self, tokens, position, buffer, memory, src_bias, group: int):
+    def layers_step(self, tokens, positions, buffer, memory, src_bias):
         emb, rows = self.embeddings, tokens.size(0)
-        x = emb.embeddings(tokens) * emb.scale + emb.pe.index_select(0, position.view(1))
+        torch._check(rows <= buffer.size(2))
+        x = emb.embeddings(tokens) * emb.scale + emb.pe.index_select(0, positions)
         x = x.unsqueeze(1)
-        later = torch.arange(buffer.size(4), device=tokens.device) >= position  # not yet written
+        later = (torch.arange(buffer.size(4), device=tokens.device)  # not yet written
+                 >= positions.unsqueeze(1)).view(rows, 1, 1, -1)
         new, attn = [], None
         for i, layer in enumerate(self.layers):
             q, keys, values = layer.project(x)  # (R, h, 1, d) each
@@ -96,8 +96,112 @@ class CompiledStep:
             context = torch.matmul(weights[..., :-1], past_values) + weights[..., -1:] * values
             query, q = layer.between(layer.self_attn.merge_heads(context, rows, 1), x)
             context, attn = layer.context_attention(q, memory[2 * i], memory[2 * i + 1],
-                                                    src_bias, group)
+                                                    src_bias, self.group)
             x = layer.finish(context, query)
         out = self.norm(x).squeeze(1)
         new = torch.stack(new).view(len(self.layers), 2, rows, *keys.shape[1:])
         return out, attn[:, 0].reshape(rows, -1), new
+
+
+class CompiledStep:
+    """``decoder.step`` for a TransformerDecoder whose layers are FastDecoderLayers, by programs
+    that ``build`` compiles, one per group met (made at the first step with that group).
+    Holds no decoder state: replicas of the decoder (other threads) share its programs.
+
+    Args:
+        decoder: the TransformerDecoder (its modules are shared, not copied).
+        build: compiles a StepProgram (see Builder).
+        bf16: run the products in bf16 (autocast) inside the program.
+    """
+
+    def __init__(self, decoder, build: Builder, bf16: bool = False):
+        self.decoder_modules = (decoder.embeddings, decoder.layers, decoder.layer_norm)
+        self.build, self.bf16 = build, bf16
+        self.programs: Dict[int, Callable] = {}
+        self._weights = None
+
+    def __call__(self, decoder, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One step of ``decoder`` (its state and cache): tokens (B,) -> out (B, H), attn (B, S)."""
+        cache, state = decoder.cache, decoder.state
+        positions = state.get("positions")
+        if positions is None:
+            if decoder.position + 1 > decoder.embeddings.max_len:
+                raise ValueError(f"sequence longer than {decoder.embeddings.max_len} positions")
+            cache.reserve(1)
+            at = torch.full_like(tokens, decoder.position)
+        else:  # rows at positions of their own (joined sentences)
+            at = cache.to_buffer(positions)
+            cache.length = int(at.max())
+            cache.reserve(1)
+        if cache.buffer.size(2) < min_buffer_rows(decoder.group):  # a lone sentence
+            out, attn = decoder.forward(tokens.unsqueeze(1))
+            return out.squeeze(1), attn.squeeze(1)
+        program = self.program(decoder.group, decoder)
+        memory = [state[key] for key in decoder.source_keys[1:]]  # keys, values of each layer
+        out, attn, new = program(cache.to_buffer(tokens).contiguous(), at, cache.buffer, memory,
+                                 state["src_mask"])
+        rows = new.size(2)
+        if positions is None:
+            cache.buffer[:, :, :rows, :, decoder.position:decoder.position + 1] = new
+        else:
+            cache.buffer[:, :, torch.arange(rows, device=at.device), :, at] = \
+                new.squeeze(4).permute(2, 0, 1, 3, 4)
+        decoder._advance(1)
+        return cache.from_buffer(out), cache.from_buffer(attn)
+
+    def program(self, group: int, decoder) -> Callable:
+        if group not in self.programs:
+            module = StepProgram(decoder, group, self.bf16).eval()
+            args, shapes = self.example(decoder, group)
+            self.programs[group] = self.build(module, args, shapes, self.name(group))
+        return self.programs[group]
+
+    @staticmethod
+    def example(decoder, group: int):
+        """Example arguments for the export (sizes above one: a dimension traced at size 1 is
+        fixed at 1) and their dynamic dimensions."""
+        layer = decoder.layers[0]
+        heads, dim = layer.self_attn.heads, layer.self_attn.dim_per_head
+        device = decoder.embeddings.weight.device
+        sources, length = EXAMPLE_SOURCES, EXAMPLE_LENGTH
+        rows = group * sources
+        zeros = lambda *shape: torch.zeros(shape, device=device)  # noqa: E731
+        memory = []
+        for _ in decoder.layers:
+            memory += [zeros(sources, heads, dim, length), zeros(sources, heads, length, dim)]
+        args = (torch.zeros(rows, dtype=torch.long, device=device),
+                torch.ones(rows, dtype=torch.long, device=device),
+                zeros(len(decoder.layers), 2, rows + 1, heads, EXAMPLE_CAPACITY, dim), memory,
+                zeros(sources, heads, 1, length))
+        Dim = torch.export.Dim
+        b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1, max=1 << 16)
+        r = b if group == 1 else group * b
+        c = Dim("capacity", min=2, max=decoder.embeddings.max_len + EXAMPLE_CAPACITY)
+        shapes = {"tokens": {0: r}, "positions": {0: r},
+                  "buffer": {2: Dim("buffer_rows", min=min_buffer_rows(group), max=1 << 20), 4: c},
+                  "memory": [{0: b, 3 - i % 2: s} for i in range(len(memory))],
+                  "src_bias": {0: b, 3: s}}
+        return args, shapes
+
+    def name(self, group: int) -> str:
+        """What a program is made of, as a short hash: the weights, the group, the precision,
+        torch, the CPU's kernels and this module's code."""
+        if self._weights is None:
+            digest = hashlib.blake2b(digest_size=16)
+            for module in self.decoder_modules:
+                for key, tensor in module.state_dict().items():
+                    digest.update(key.encode())
+                    digest.update(tensor.detach().cpu().contiguous().view(-1).view(
+                        torch.uint8).numpy().tobytes())
+            with open(__file__, "rb") as code:
+                digest.update(code.read())
+            from onmt_lite.models import fast
+            with open(fast.__file__, "rb") as code:
+                digest.update(code.read())
+            self._weights = digest.hexdigest()
+        device = self.decoder_modules[0].weight.device
+        kernels = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" \
+            else torch.cuda.get_device_name(device)
+        parts = [self._weights, str(group), "bf16" if self.bf16 else "fp32", torch.__version__,
+                 kernels, os.uname().machine]
+        return hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()

@@ -43,7 +43,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention
-from onmt_lite.models.compiled_step import CompiledStep
+from onmt_lite.models.compiled_step import Builder, CompiledStep
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
 
@@ -77,27 +77,31 @@ def compiler_problem() -> Optional[str]:
     return None
 
 
-def compiler(cache_dir: str = "") -> Optional[Callable]:
-    """torch.compile with dynamic shapes, its code kept in ``cache_dir`` (default: the user's
-    cache); where no compiler is found, says so in one line and returns None.
-
-    No duck sizing: sizes equal at the first call (a batch's rows and its source length, say)
-    are not assumed equal for ever, which would compile again at the first batch that differs.
-    The setting is torch's global: it holds for whatever else this process compiles. Freezing
-    (the weights as constants of the graph, prepacked) is left off: a frozen graph bypasses
-    Inductor's cache, so every process would compile anew."""
+def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
+    """A Builder that exports a step program, compiles it by AOTInductor (frozen, serial code)
+    and keeps the package in ``cache_dir`` (default: the user's cache), or loads the package a
+    previous process made; where no compiler is found, says so in one line and returns None."""
     problem = compiler_problem()
     if problem:
         logger.warning("-compile: %s: the decoder step runs uncompiled", problem)
         return None
     directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != directory:
-        from torch._inductor.utils import clear_caches
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-        clear_caches()  # nothing compiled before is looked for in the old place
-    import torch.fx.experimental._config as fx
-    fx.use_duck_shape = False
-    return lambda fn: torch.compile(fn, dynamic=True)
+
+    def build(module: nn.Module, args: tuple, shapes: dict, name: str) -> Callable:
+        path = os.path.join(directory, f"step-{name}.pt2")
+        if not os.path.exists(path):
+            os.makedirs(directory, exist_ok=True)
+            logger.info("-compile: compiling the decoder step (once: kept in %s)", directory)
+            from torch._inductor import aoti_compile_and_package, config
+            with torch.inference_mode(False), torch.no_grad(), config.patch(
+                    {"cpp.threads": 1, "freezing": True, "compile_threads": 1}):
+                program = torch.export.export(module, args, dynamic_shapes=shapes)
+                partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
+                aoti_compile_and_package(program, package_path=partial)
+            os.replace(partial, path)  # a crash never leaves half a package under its name
+        from torch._inductor import aoti_load_package
+        return aoti_load_package(path)
+    return build
 
 
 def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Linear:
@@ -357,7 +361,7 @@ def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "",
             logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
             compile = False
         decoder.layers = nn.ModuleList(FastDecoderLayer(layer) for layer in decoder.layers)
-        compile = compiler(cache_dir) if compile else None
-        if compile is not None:
-            decoder.compiled_step = CompiledStep(decoder, compile, bf16)
+        build = aot_compiler(cache_dir) if compile else None
+        if build is not None:
+            decoder.compiled_step = CompiledStep(decoder, build, bf16)
     return decoder

@@ -182,7 +182,6 @@ class Translator:
         if workers > 1 and (inter_threads > 1 or device != "cpu"):
             raise OptionError("-workers decodes on CPU, without -inter_threads")
         self.workers = workers
-        self.may_fork = True  # False once code compiled for several OpenMP threads is loaded
         self.rank, self.world_size = world()  # under torchrun: this worker's share (see
         if self.world_size > 1:  # distributed.py); rank 0 yields every translation
             join(device != "cpu")
@@ -330,10 +329,8 @@ class Translator:
         than threads wherever measured (the Python side of a step never waits for another
         thread's interpreter lock: 20% less time for a Transformer on an Intel Xeon, level on an
         AMD EPYC); forked after the first shard that has several batches is read. Not where
-        the batches must decode in one process (random sampling, GPU, torchrun), nor where
-        code compiled for several OpenMP threads is loaded (-compile: a forked child's first
-        parallel region would wait forever for threads that fork did not copy)."""
-        return (self.inter_threads == 0 and self.workers == 1 and self.may_fork
+        the batches must decode in one process (random sampling, GPU, torchrun)."""
+        return (self.inter_threads == 0 and self.workers == 1
                 and self.sampler is None and self.device == "cpu" and self.world_size == 1
                 and min(self.cores, len(batches)) > 1
                 and "fork" in multiprocessing.get_all_start_methods())
@@ -743,24 +740,26 @@ def build_translator(opt) -> Translator:
     translator = Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                             1 if inter_threads is None else inter_threads, transform, workers)
     if _get(opt, "compile"):
-        translator.may_fork = False
         _compile_or_not(translator, models, device)
     return translator
 
 
 def _compile_or_not(translator: Translator, models: list, device: str) -> None:
-    """-compile: compiles the step at load (warm_up). Where torch cannot compile it (seen on
-    CUDA: torch 2.11's tracing of the dynamic-shape step fails), one line says why and the step
-    runs uncompiled."""
-    import torch._dynamo.exc
+    """-compile: builds (or loads) the step's programs at load (warm_up), on one thread: no
+    OpenMP team is started before a fork (compiled_step.py). Where torch cannot export or
+    compile the step, one line says why and the step runs uncompiled."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         translator.warm_up()
-    except torch._dynamo.exc.BackendCompilerFailed as err:
-        why = next((line for line in str(err).splitlines() if "Error" in line), "")
-        logger.warning("-compile: torch could not compile the decoder step on %s (%s): it runs "
-                       "uncompiled", device, why.strip()[:200])
+    except Exception as err:  # noqa: BLE001 - any failure of export or compiler: run uncompiled
+        why = next((line for line in str(err).splitlines() if line.strip()), "")
+        logger.warning("-compile: torch could not compile the decoder step on %s (%s: %s): "
+                       "it runs uncompiled", device, type(err).__name__, why.strip()[:200])
         for model in models:
             model.decoder.compiled_step = None
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _load(opt, paths: List[str], values: dict, device: str):
