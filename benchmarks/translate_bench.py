@@ -314,6 +314,8 @@ ENGINE_OPTIONS = {  # onmt_lite configurations; int8 and bf16 use the batch engi
     "compiled": ["-compile", "-compile_cache", "{cache}"],
     "compiled-workers": ["-compile", "-compile_cache", "{cache}", "-workers", "{inter}",
                          "-inter_threads", "1"],
+    "compiled-fp32-workers": ["-compile", "-compile_cache", "{cache}", "-precision", "fp32",
+                             "-workers", "{inter}", "-inter_threads", "1"],
     "compiled-int8-workers": ["-compile", "-compile_cache", "{cache}", "-int8", "-workers",
                               "{inter}", "-inter_threads", "1"],
     # -fast's precision named rather than picked for the CPU (auto)

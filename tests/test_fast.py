@@ -143,6 +143,38 @@ def test_the_whole_step_finds_the_fast_steps_hypotheses(opt, src_vocab, tgt_voca
             assert torch.allclose(attn_a, attn_b, atol=1e-5)
 
 
+def test_the_whole_step_takes_rows_at_positions_of_their_own(src_vocab, tgt_vocab):
+    """Rows at different positions share a step of the program (as sentences that join a
+    running search): two sentences decoded side by side, then one of them set two positions
+    back, take two more steps; each row's output equals its sentence's step alone after as
+    many tokens, so each row read its own prefix and wrote its keys and values at its own
+    position."""
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 5)
+    decoder = fast.to_fast(model.decoder)
+    decoder.compiled_step = CompiledStep(decoder, lambda program, *_: program)
+    src = torch.tensor([[4, 5, 6, 7], [8, 9, 1, 1]])  # 1: padding
+    src_len = torch.tensor([4, 2])
+    first = [[2, 6, 8, 5, 7], [5, 7, 9]]  # side by side: a token a step, each sentence
+    then = [[5, 7], [4, 6]]  # then sentence 1 two positions back: positions 3, 4 and 1, 2
+    with torch.inference_mode():
+        alone = []
+        for row in (0, 1):
+            memory, _ = model.encode(src[row:row + 1, :int(src_len[row])], src_len[row:row + 1])
+            decoder.init_state(src_len[row:row + 1], memory)
+            sequence = first[row][:3 if row == 0 else 1] + then[row]
+            alone.append([decoder.step(torch.tensor([t]))[0] for t in sequence][-2:])
+        memory, _ = model.encode(src, src_len)
+        decoder.init_state(src_len, memory)
+        for i in range(3):
+            decoder.step(torch.tensor([first[0][i], first[1][i]]))
+        decoder.state["positions"] = torch.tensor([3, 1])
+        decoder.cache.own_positions()
+        joined = [decoder.step(torch.tensor([then[0][i], then[1][i]]))[0] for i in range(2)]
+    for i in range(2):
+        assert torch.allclose(joined[i][0], alone[0][i][0], atol=1e-5)
+        assert torch.allclose(joined[i][1], alone[1][i][0], atol=1e-5)
+
+
 def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
     """-compile -precision bf16: the products inside the step in bf16 (autocast), so scores
     move by bf16 rounding, not more; the cache stays fp32."""

@@ -13,10 +13,10 @@ Transformer:
   time than a product with transposed keys and a separate masking pass (32 sentences x 5
   hypotheses, 8-30 source tokens).
 - The first feed-forward product and its relu in one int8 call (``linear_relu_dynamic``).
-- With ``-compile``, the whole step compiled by ``torch.compile`` (Inductor) where a C++
-  compiler is found (compiled_step.py); the code is kept in a cache directory, so a later
-  process loads it instead of compiling. Without a compiler the step runs uncompiled, after
-  one line that says so; so does it with ``-int8`` (see INT8_UNCOMPILED).
+- With ``-compile``, the whole step exported and compiled ahead of time by AOTInductor where a
+  C++ compiler is found (compiled_step.py); the package is kept in a cache directory, so a
+  later process loads it instead of compiling. Without a compiler the step runs uncompiled,
+  after one line that says so; so does it with ``-int8`` (see INT8_UNCOMPILED).
 
 RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
 rounding:
@@ -99,9 +99,28 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
                 partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
                 aoti_compile_and_package(program, package_path=partial)
             os.replace(partial, path)  # a crash never leaves half a package under its name
+        return load_package(path)
+    return build
+
+
+def load_package(path: str) -> Callable:
+    """An AOTInductor package's program, as a function of the exported module's arguments
+    (tensors and lists of tensors) that returns its outputs as a list. torch's own loader
+    (aoti_load_package) first imports its serialisation code and probes every vector
+    instruction set by building test programs (2-4 s in all), only to warn where a package was
+    made for other ones (its name here holds the CPU's, CompiledStep.name), and flattens the
+    arguments with a tree spec it decodes at every call: its loader underneath is called
+    directly where this torch has it."""
+    try:
+        from torch._C._aoti import AOTIModelPackageLoader
+    except ImportError:
         from torch._inductor import aoti_load_package
         return aoti_load_package(path)
-    return build
+    run = AOTIModelPackageLoader(path, "model", False, 1, -1).boxed_run
+
+    def program(*args):
+        return run([t for arg in args for t in (arg if isinstance(arg, list) else [arg])])
+    return program
 
 
 def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Linear:
@@ -115,8 +134,8 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Lin
     return linear
 
 
-# torch.compile cannot trace an int8 product's packed weights: it splits its code at each one
-# (the transformer fixture's step: 1.25-1.30x the uncompiled step's time)
+# torch's tracing cannot take an int8 product's packed weights (torch.compile split its code at
+# each one: the transformer fixture's step took 1.25-1.30x the uncompiled step's time)
 INT8_UNCOMPILED = ("torch.compile would split its code at every int8 product, slower than "
                    "running uncompiled: the -fast -int8 step runs uncompiled")
 
@@ -126,11 +145,18 @@ INT8_LINEAR, INT8_LINEAR_RELU = (getattr(op, "_op", op) for op in (
     torch.ops.quantized.linear_dynamic, torch.ops.quantized.linear_relu_dynamic))
 
 
-def product(linear: nn.Module, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
+def product(linear: nn.Module, x: torch.Tensor, relu: bool = False,
+            bf16: bool = False) -> torch.Tensor:
     """``linear(x)`` (then relu) without the module call: 10-15 us less a product at a step's
     few rows (F.linear on an nn.Linear's weights, torch's int8 op on a -int8 layer's packed
-    weights, with the relu inside it)."""
+    weights, with the relu inside it). ``bf16``: the product of x and the weight rounded to
+    bf16, its result and the bias in fp32, as Bfloat16Linear makes it (in the compiled step,
+    where the weight's rounding is folded into a constant)."""
     kind = type(linear)
+    if bf16 and kind is nn.Linear:
+        out = nn.functional.linear(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16))
+        out = out.float() if linear.bias is None else out.float() + linear.bias
+        return torch.relu(out) if relu else out
     if kind is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
         return (INT8_LINEAR_RELU if relu else INT8_LINEAR)(
             x, linear._packed_params._packed_params, True)
@@ -171,26 +197,30 @@ class FastDecoderLayer(Residual):
         self.context_query = _linear(query.weight * scale,
                                      None if query.bias is None else query.bias * scale)
 
-    def project(self, x: torch.Tensor):
-        """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each."""
-        qkv = product(self.qkv, self.before(self.layer_norm_1, x))
+    def project(self, x: torch.Tensor, bf16: bool = False):
+        """x (B, T, H) -> scaled queries, keys, values (B, h, T, d) each (``bf16``: see
+        product, as in ``between`` and ``finish``)."""
+        qkv = product(self.qkv, self.before(self.layer_norm_1, x), bf16=bf16)
         return tuple(self.self_attn.split_heads(part) for part in qkv.chunk(3, dim=-1))
 
-    def between(self, context: torch.Tensor, x: torch.Tensor):
+    def between(self, context: torch.Tensor, x: torch.Tensor, bf16: bool = False):
         """The self-attention's contexts (B, T, H) -> the layer's state after it and the
         context attention's scaled queries (B, T, H)."""
-        query = self.after(self.layer_norm_1, product(self.self_attn.final_linear, context) + x)
-        return query, product(self.context_query, self.before(self.layer_norm_2, query))
+        query = self.after(self.layer_norm_1,
+                           product(self.self_attn.final_linear, context, bf16=bf16) + x)
+        return query, product(self.context_query, self.before(self.layer_norm_2, query),
+                              bf16=bf16)
 
-    def finish(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    def finish(self, context: torch.Tensor, query: torch.Tensor,
+               bf16: bool = False) -> torch.Tensor:
         out = self.after(self.layer_norm_2,
-                         product(self.context_attn.final_linear, context) + query)
+                         product(self.context_attn.final_linear, context, bf16=bf16) + query)
         ff, normed = self.feed_forward, self.before(self.feed_forward.layer_norm, out)
         if ff.activation is torch.relu:
-            inner = product(ff.w_1, normed, relu=True)
+            inner = product(ff.w_1, normed, relu=True, bf16=bf16)
         else:
-            inner = ff.activation(product(ff.w_1, normed))
-        return self.after(ff.layer_norm, product(ff.w_2, inner) + out)
+            inner = ff.activation(product(ff.w_1, normed, bf16=bf16))
+        return self.after(ff.layer_norm, product(ff.w_2, inner, bf16=bf16) + out)
 
     def before(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # as Residual's
         return layer_norm(norm, x) if self.pre_norm else x
