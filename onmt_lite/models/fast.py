@@ -59,9 +59,9 @@ USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def compiler_problem() -> Optional[str]:
-    """Why torch.compile cannot build CPU code here, or None if it can. Inductor (2 s to import)
-    is imported only where its compiler is found: its own setting if it is loaded, else its
-    default, $CXX or g++ (clang++ on macOS)."""
+    """Why -compile cannot build CPU code here, or None if it can: no C++ compiler (Inductor's
+    setting if it is loaded, else its default, $CXX or g++, clang++ on macOS). Inductor itself
+    (2 s to import) is imported only to compile, not to load a compiled package."""
     config = sys.modules.get("torch._inductor.config")
     if config is not None:
         cxx = config.cpp.cxx
@@ -70,10 +70,6 @@ def compiler_problem() -> Optional[str]:
         candidates = [os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")]
     if not any(shutil.which(c) for c in candidates):
         return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
-    try:
-        import torch._inductor.config  # noqa: F401
-    except ImportError as err:  # a torch build without Inductor
-        return f"this torch build has no Inductor compiler ({err})"
     return None
 
 
