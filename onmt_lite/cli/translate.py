@@ -168,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
              "and values and short self-attentions without batched products (with -int8 the "
              "RNN's cells quantised too); results close to exact decoding, not equal")
     add(g, "compile", action="store_true",
-        help="-fast with its step compiled by torch.compile where a C++ compiler is found "
-             "(else it says so and runs uncompiled); compiled once, at load, then cached")
+        help="-fast with the Transformer decoder's step compiled ahead of time by "
+             "AOTInductor, its weights frozen in, where a C++ compiler is found (else it says "
+             "so and runs uncompiled); compiled once (about a minute), then loaded from the "
+             "cache")
     add(g, "compile_cache", default="",
         help="-compile: folder for the compiled code, reused by later runs (default: "
              "$TORCHINDUCTOR_CACHE_DIR, else ~/.cache/onmt_lite/compiled)")
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp16: GPU only; bf16: on GPU the whole model, on CPU the matrix products "
              "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16); mixed: CPU, "
              "bf16 products in the encoder and decoder, the output layer's fp32; auto: mixed "
-             "for -fast on a CPU with AMX (uncompiled, without -int8), else fp32")
+             "for -fast or -compile on a CPU with AMX (without -int8), else fp32")
     return parser
 
 
