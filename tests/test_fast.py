@@ -267,10 +267,10 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 
 @pytest.mark.skipif(fast.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
-    """Batches of 1, 3 and 8 sentences of many lengths are served by two programs (the first
-    step, one row per sentence, and the steps after it, three per sentence), compiled by the
-    first process and loaded by the second from the cache directory; the compiled step finds
-    the uncompiled step's hypotheses."""
+    """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (the
+    first step, one row per sentence, and the steps after it, three per sentence) and one of
+    the output layer, compiled by the first process and loaded by the second from the cache
+    directory; the compiled step finds the uncompiled step's hypotheses."""
     from conftest import tiny_checkpoint
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     src = tmp_path / "in.txt"
@@ -284,7 +284,7 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
         made.append({p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()})
     first, second = runs
     assert first["programs"] == second["programs"] == [1, 3]
-    assert len(made[0]) == 2 and made[0] == made[1]  # loaded, not made again
+    assert len(made[0]) == 3 and made[0] == made[1]  # loaded, not made again
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)
     lines = src.read_text().split("\n")[:-1]

@@ -84,10 +84,10 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
     directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
 
     def build(module: nn.Module, args: tuple, shapes: dict, name: str) -> Callable:
-        path = os.path.join(directory, f"step-{name}.pt2")
+        path = os.path.join(directory, f"{name}.pt2")
         if not os.path.exists(path):
             os.makedirs(directory, exist_ok=True)
-            logger.info("-compile: compiling the decoder step (once: kept in %s)", directory)
+            logger.info("-compile: compiling %s (once: kept in %s)", name, directory)
             from torch._inductor import aoti_compile_and_package, config
             with torch.inference_mode(False), torch.no_grad(), config.patch(
                     {"cpp.threads": 1, "freezing": True, "compile_threads": 1}):

@@ -8,6 +8,7 @@ from torch import nn
 
 from onmt_lite.errors import OptionError
 from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
+from onmt_lite.models.compiled_step import CompiledOutput
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.int8 import quantize
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
@@ -42,6 +43,7 @@ class NMTModel(nn.Module):
     def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
+        self.compiled_output = None  # -compile: log_probs of a step's rows (compiled_step.py)
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> Tuple[torch.Tensor, Optional[tuple]]:
         """src (B, S) -> memory (B, S, H) and the encoder's final state (RNN only)."""
@@ -53,6 +55,9 @@ class NMTModel(nn.Module):
 
     def log_probs(self, dec_out: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V) log-probabilities over the target vocabulary."""
+        if self.compiled_output is not None and dec_out.dim() == 2 \
+                and not torch.is_grad_enabled():
+            return self.compiled_output(dec_out)
         return torch.log_softmax(self.generator(dec_out).float(), dim=-1)
 
     def forward(self, src, src_len, tgt_in) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -194,4 +199,7 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
         layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
             else {nn.Linear}
         model = quantize(model, layers, int8_engine)
+    step = getattr(model.decoder, "compiled_step", None)
+    if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
+        model.compiled_output = CompiledOutput(model.generator, step.build)
     return model

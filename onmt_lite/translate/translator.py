@@ -757,7 +757,7 @@ def _compile_or_not(translator: Translator, models: list, device: str) -> None:
         logger.warning("-compile: torch could not compile the decoder step on %s (%s: %s): "
                        "it runs uncompiled", device, type(err).__name__, why.strip()[:200])
         for model in models:
-            model.decoder.compiled_step = None
+            model.decoder.compiled_step = model.compiled_output = None
     finally:
         torch.set_num_threads(threads)
 
