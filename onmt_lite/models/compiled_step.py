@@ -43,6 +43,7 @@ finished rows kept and masked instead of dropped, and one capacity for the whole
 """
 import hashlib
 import os
+import threading
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -55,6 +56,7 @@ from onmt_lite.constants import MASKED_LOGIT
 # fast.aot_compiler)
 Builder = Callable[[nn.Module, tuple, dict, str], Callable]
 EXAMPLE_SOURCES, EXAMPLE_LENGTH, EXAMPLE_CAPACITY = 2, 3, 16
+BUILDING = threading.Lock()  # one program built at a time (threads of one process share them)
 
 
 def min_buffer_rows(group: int) -> int:
@@ -127,12 +129,16 @@ class CompiledOutput:
 
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
         if self.program is None:
-            example = torch.zeros(2, self.generator.in_features,
-                                  device=self.generator.weight.device)
-            rows = torch.export.Dim("rows", min=1, max=1 << 20)
-            self.program = self.build(OutputProgram(self.generator).eval(), (example,),
-                                      {"x": {0: rows}}, "output-" + _name([self.generator]))
+            with BUILDING:
+                if self.program is None:
+                    self.program = self._build()
         return self.program(out.contiguous())[0]
+
+    def _build(self) -> Callable:
+        example = torch.zeros(2, self.generator.in_features, device=self.generator.weight.device)
+        rows = torch.export.Dim("rows", min=1, max=1 << 20)
+        return self.build(OutputProgram(self.generator).eval(), (example,), {"x": {0: rows}},
+                          "output-" + _name([self.generator]))
 
 
 def _name(modules, *parts: str) -> str:
@@ -202,11 +208,15 @@ class CompiledStep:
         return cache.from_buffer(out), cache.from_buffer(attn)
 
     def program(self, group: int, decoder) -> Callable:
-        if group not in self.programs:
-            module = StepProgram(decoder, group, self.bf16).eval()
-            args, shapes = self.example(decoder, group)
-            self.programs[group] = self.build(module, args, shapes, self.name(group))
-        return self.programs[group]
+        program = self.programs.get(group)
+        if program is None:
+            with BUILDING:
+                if group not in self.programs:
+                    module = StepProgram(decoder, group, self.bf16).eval()
+                    args, shapes = self.example(decoder, group)
+                    self.programs[group] = self.build(module, args, shapes, self.name(group))
+            program = self.programs[group]
+        return program
 
     @staticmethod
     def example(decoder, group: int):
