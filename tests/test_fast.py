@@ -170,14 +170,17 @@ def test_the_whole_step_takes_rows_at_positions_of_their_own(src_vocab, tgt_voca
         decoder.state["positions"] = torch.tensor([3, 1])
         decoder.cache.own_positions()
         joined = [decoder.step(torch.tensor([then[0][i], then[1][i]]))[0] for i in range(2)]
+        decoder.embeddings.max_len = 5  # the furthest row, at position 5, past the table
+        with pytest.raises(ValueError, match="longer than 5 positions"):
+            decoder.step(torch.tensor([4, 4]))
     for i in range(2):
         assert torch.allclose(joined[i][0], alone[0][i][0], atol=1e-5)
         assert torch.allclose(joined[i][1], alone[1][i][0], atol=1e-5)
 
 
 def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
-    """-compile -precision bf16: the products inside the step in bf16 (autocast), so scores
-    move by bf16 rounding, not more; the cache stays fp32."""
+    """-compile in bf16: the layers' products inside the step in bf16, so scores move by bf16
+    rounding, not more; the cache stays fp32."""
     lines = _lines(20, 9)
     scores = []
     for bf16 in (False, True):
@@ -192,8 +195,8 @@ def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
 
 
 def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
-    """torch.compile would split its code at every int8 product: -compile -int8 says so in one
-    line and runs the step uncompiled, with every product in int8."""
+    """The compiled step has no int8 products: -compile -int8 says so in one line and runs the
+    step uncompiled, with every product in int8."""
     model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         model = for_inference(model, "cpu", int8=True, compile=True)
@@ -269,27 +272,33 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
     """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (the
     first step, one row per sentence, and the steps after it, three per sentence) and one of
-    the output layer, compiled by the first process and loaded by the second from the cache
-    directory; the compiled step finds the uncompiled step's hypotheses."""
+    the output layer, compiled by a first process; a command line run loads them from the
+    cache directory and decodes in its default layout (forked processes, where the machine
+    has two cores: the compiled code is serial, so a child never waits on OpenMP threads it
+    did not inherit); both find the uncompiled step's hypotheses."""
     from conftest import tiny_checkpoint
     model = tiny_checkpoint(tmp_path / "tiny.pt")
-    src = tmp_path / "in.txt"
+    src, out, cache = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "cache"
     src.write_text("".join(line + "\n" for line in _lines(17, 5)))
-    runs, made = [], []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", COMPILE_RUN, model, tmp_path / "cache",
-                               src], capture_output=True, text=True, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        made.append({p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()})
-    first, second = runs
-    assert first["programs"] == second["programs"] == [1, 3]
-    assert len(made[0]) == 3 and made[0] == made[1]  # loaded, not made again
+    proc = subprocess.run([sys.executable, "-c", COMPILE_RUN, model, cache, src],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads(proc.stdout.strip().splitlines()[-1])
+    made = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model", model,
+                           "-src", src, "-output", out, "-compile", "-compile_cache", cache,
+                           "-precision", "fp32", "-beam_size", "3", "-batch_size", "3"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert first["programs"] == [1, 3]
+    assert len(made) == 3 and made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)
     lines = src.read_text().split("\n")[:-1]
     expected = [t.preds for size in (1, 3, 8) for t in uncompiled.translate(lines, batch_size=size)]
-    assert first["preds"] == second["preds"] == expected
+    assert first["preds"] == expected
+    assert out.read_text().split("\n")[:-1] == [" ".join(t.preds[0]) for t in
+                                                uncompiled.translate(lines, batch_size=3)]
 
 
 @pytest.mark.skipif(not available(), reason="../shared/fixtures/onmt-py is absent")

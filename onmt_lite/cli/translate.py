@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "compile", action="store_true",
         help="-fast with the Transformer decoder's step compiled ahead of time by "
              "AOTInductor, its weights frozen in, where a C++ compiler is found (else it says "
-             "so and runs uncompiled); compiled once (about a minute), then loaded from the "
+             "so and runs uncompiled); compiled once (1-2 minutes), then loaded from the "
              "cache")
     add(g, "compile_cache", default="",
         help="-compile: folder for the compiled code, reused by later runs (default: "

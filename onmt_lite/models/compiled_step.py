@@ -137,13 +137,13 @@ class CompiledOutput:
     def _build(self) -> Callable:
         example = torch.zeros(2, self.generator.in_features, device=self.generator.weight.device)
         rows = torch.export.Dim("rows", min=1, max=1 << 20)
+        name = "output-" + _name(_made_of([self.generator]), self.generator.weight.device)
         return self.build(OutputProgram(self.generator).eval(), (example,), {"x": {0: rows}},
-                          "output-" + _name([self.generator]))
+                          name)
 
 
-def _name(modules, *parts: str) -> str:
-    """What a program is made of, as a short hash: the weights of ``modules``, ``parts``, torch,
-    the CPU's kernels (or the GPU) and the code that makes programs."""
+def _made_of(modules) -> str:
+    """A digest of the weights of ``modules`` and of the code that makes programs."""
     digest = hashlib.blake2b(digest_size=16)
     for module in modules:
         for key, tensor in module.state_dict().items():
@@ -154,12 +154,16 @@ def _name(modules, *parts: str) -> str:
     for path in (__file__, fast.__file__):
         with open(path, "rb") as code:
             digest.update(code.read())
-    device = next(iter(modules[0].parameters())).device
+    return digest.hexdigest()
+
+
+def _name(made_of: str, device: torch.device, *parts: str) -> str:
+    """A program's file name: a short hash of what it is made of (``_made_of``), ``parts``,
+    torch and the CPU's kernels (or the GPU)."""
     kernels = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" \
         else torch.cuda.get_device_name(device)
-    for part in (*parts, torch.__version__, kernels, os.uname().machine):
-        digest.update(part.encode())
-    return digest.hexdigest()[:24]
+    joined = "|".join((made_of, *parts, torch.__version__, kernels, os.uname().machine))
+    return hashlib.blake2b(joined.encode(), digest_size=12).hexdigest()
 
 
 class CompiledStep:
@@ -170,27 +174,27 @@ class CompiledStep:
     Args:
         decoder: the TransformerDecoder (its modules are shared, not copied).
         build: compiles a StepProgram (see Builder).
-        bf16: run the products in bf16 (autocast) inside the program.
+        bf16: the layers' products with weights in bf16 inside the program (see product).
     """
 
     def __init__(self, decoder, build: Builder, bf16: bool = False):
         self.decoder_modules = (decoder.embeddings, decoder.layers, decoder.layer_norm)
         self.build, self.bf16 = build, bf16
         self.programs: Dict[int, Callable] = {}
+        self.made_of = None  # _made_of the decoder's modules, once
 
     def __call__(self, decoder, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One step of ``decoder`` (its state and cache): tokens (B,) -> out (B, H), attn (B, S)."""
         cache, state = decoder.cache, decoder.state
         positions = state.get("positions")
         if positions is None:
-            if decoder.position + 1 > decoder.embeddings.max_len:
-                raise ValueError(f"sequence longer than {decoder.embeddings.max_len} positions")
-            cache.reserve(1)
             at = torch.full_like(tokens, decoder.position)
         else:  # rows at positions of their own (joined sentences)
             at = cache.to_buffer(positions)
-            cache.length = int(at.max())
-            cache.reserve(1)
+            cache.length = int(at.max())  # the columns the furthest row has written
+        if cache.length + 1 > decoder.embeddings.max_len:
+            raise ValueError(f"sequence longer than {decoder.embeddings.max_len} positions")
+        cache.reserve(1)
         if cache.buffer.size(2) < min_buffer_rows(decoder.group):  # a lone sentence
             out, attn = decoder.forward(tokens.unsqueeze(1))
             return out.squeeze(1), attn.squeeze(1)
@@ -246,5 +250,8 @@ class CompiledStep:
         return args, shapes
 
     def name(self, group: int) -> str:
-        """What the program for ``group`` is made of (see _name)."""
-        return "step-" + _name(self.decoder_modules, str(group), "bf16" if self.bf16 else "fp32")
+        """The file name of the program for ``group`` (see _name)."""
+        if self.made_of is None:
+            self.made_of = _made_of(self.decoder_modules)
+        device = self.decoder_modules[0].weight.device
+        return "step-" + _name(self.made_of, device, str(group), "bf16" if self.bf16 else "fp32")

@@ -104,7 +104,7 @@ def load_package(path: str) -> Callable:
     (tensors and lists of tensors) that returns its outputs as a list. torch's own loader
     (aoti_load_package) first imports its serialisation code and probes every vector
     instruction set by building test programs (2-4 s in all), only to warn where a package was
-    made for other ones (its name here holds the CPU's, CompiledStep.name), and flattens the
+    made for other ones (its name here holds the CPU's: compiled_step._name), and flattens the
     arguments with a tree spec it decodes at every call: its loader underneath is called
     directly where this torch has it."""
     try:
@@ -131,9 +131,10 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Lin
 
 
 # torch's tracing cannot take an int8 product's packed weights (torch.compile split its code at
-# each one: the transformer fixture's step took 1.25-1.30x the uncompiled step's time)
-INT8_UNCOMPILED = ("torch.compile would split its code at every int8 product, slower than "
-                   "running uncompiled: the -fast -int8 step runs uncompiled")
+# each one: 1.25-1.30x the uncompiled step's time), and a program quantised by torchao's PT2E
+# flow took 2.2x the bf16 program's time a step
+INT8_UNCOMPILED = ("the compiled step has no int8 products (torch cannot trace those of "
+                   "-int8): the -fast -int8 step runs uncompiled")
 
 # torch's int8 products as their C++ functions: the torch.ops entry point spends ~12 us a call
 # looking for the stand-in arguments that only torch.compile's tracing passes
