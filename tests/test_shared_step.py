@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from onmt_lite.models import shared_step
+from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
 from onmt_lite.translate.translator import build_translator
@@ -104,19 +105,41 @@ def _joining(translator, first, arrivals):
     return returned
 
 
+def _compiled(translator) -> list:
+    """Gives the translator -compile's whole step and output programs, run uncompiled here
+    (the same operations: test_fast.py); returns, for each step the step program takes, how
+    many positions its rows stand at."""
+    model, positions = translator.model, []
+
+    def build(program, *_):
+        return lambda *args: positions.append(args[1].unique().numel()) or program(*args)
+    model.decoder.compiled_step = CompiledStep(model.decoder, build)
+    model.compiled_output = CompiledOutput(model.generator, lambda program, *_: program)
+    return positions
+
+
 @pytest.mark.parametrize("options", [
     {"beam_size": 5, "n_best": 2},
     {"beam_size": 5, "length_penalty": "wu", "alpha": 0.6, "max_length": 6},
-    {"beam_size": 1}])
+    {"beam_size": 1},
+    {"beam_size": 5, "fast": True, "precision": "fp32"},
+    {"beam_size": 5, "n_best": 2, "fast": True, "compile": True, "precision": "fp32"}],
+    ids=["n_best", "wu-max_length", "greedy", "fast", "compiled"])
 def test_sentences_that_join_a_running_search_translate_as_alone(options):
     """Sentences join between steps (1 to 3 a time, one at the first step): each decodes at its
     own positions, with its own step count, length penalty and limit, and gets the translation
-    and score it gets decoded alone."""
+    and score it gets decoded alone. The fast step's layers and the compiled whole step take
+    sentences too (their memory keys transposed, their source mask a bias; a lone sentence's
+    steps, alone or once the others have ended, run through the masked layers)."""
+    compiled = options.pop("compile", False)
     translator = build_translator({"model": MODEL, "max_length_ratio": 0, **options})
+    positions = _compiled(translator) if compiled else []
+    assert translator.joinable()
     lines = DEMO + [line.lower() for line in DEMO]
     first, arrivals = lines[:2], {0: [lines[2:3]], 2: [lines[3:5]], 3: [lines[5:6], lines[6:9]],
                                   9: [lines[9:]]}
     got = _joining(translator, first, arrivals)
+    assert not compiled or max(positions) >= 3  # the program stepped rows at their own
     alone = [translator.translate([line], batch_size=1)[0] for line in lines]
     assert [t.output_lines() for t in got] == [t.output_lines() for t in alone]
     assert [s for t in got for s in t.scores] == pytest.approx(

@@ -237,6 +237,14 @@ class FastDecoderLayer(Residual):
         bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(mask, MASKED_LOGIT)
         return bias.expand(-1, self.context_attn.heads, -1, -1).contiguous()
 
+    def pad_source(self, entry: torch.Tensor, width: int, kind: str) -> torch.Tensor:
+        """As DecoderLayer.pad_source for this layer's entries: the mask, a bias, with
+        MASKED_LOGIT; the keys, transposed (B, h, d, S), on their last dimension."""
+        if kind == "values":
+            return nn.functional.pad(entry, (0, 0, 0, width - entry.size(2)))
+        return nn.functional.pad(entry, (0, width - entry.size(-1)),
+                                 value=MASKED_LOGIT if kind == "mask" else 0.0)
+
     def context_attention(self, q, keys, values, bias, group: int):
         """Scaled queries q (B, T, H) over transposed keys (B / group, h, d, S) and values,
         ``bias`` from source_mask: the contexts (B, T, H) and the weights (B / group, h,
@@ -257,7 +265,7 @@ class FastDecoderLayer(Residual):
 
     def self_attention(self, q, keys, values, mask) -> torch.Tensor:
         """Contexts (B, h, T, d) of scaled queries q over keys/values (B, h, S, d)."""
-        if q.size(2) == 1 and keys.size(2) < FEW_KEYS:  # one step: no mask
+        if mask is None and q.size(2) == 1 and keys.size(2) < FEW_KEYS:  # one step, unmasked
             weights = torch.softmax((q * keys).sum(-1, keepdim=True), dim=2)  # (B, h, S, 1)
             return (weights * values).sum(2, keepdim=True)
         return self.self_attn.attention(q, keys, values, mask)[0]

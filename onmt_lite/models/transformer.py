@@ -153,6 +153,14 @@ class DecoderLayer(Residual):
         """The source mask (B, 1, 1, S), True at padding, as ``forward`` takes it."""
         return mask
 
+    def pad_source(self, entry: torch.Tensor, width: int, kind: str) -> torch.Tensor:
+        """A source entry padded to ``width`` source positions (sentences joining a search,
+        TransformerDecoder.join): the ``mask`` from source_mask with True (masked), the memory's
+        ``keys`` or ``values`` (B, h, S, d) from memory_kv with zeros."""
+        if kind == "mask":
+            return F.pad(entry, (0, width - entry.size(-1)), value=True)
+        return F.pad(entry, (0, 0, 0, width - entry.size(2)))
+
     def forward(self, x, cache: Optional[KVCache], index: int, self_mask, mem_kv, src_mask,
                 group: int):
         """x (B, T, H) attends to the cached prefix plus itself, and to ``mem_kv`` (one row per
@@ -219,9 +227,9 @@ class TransformerDecoder(nn.Module):
         self.state, self.group = mapped.state, mapped.group
 
     def joinable(self) -> bool:
-        """Whether ``join`` may add sentences (the plain layers' step, not compiled)."""
-        return self.compiled_step is None and all(type(layer) is DecoderLayer
-                                                  for layer in self.layers)
+        """Whether ``join`` may add sentences: its layers say how to pad their source entries
+        (the plain and the fast layers, compiled or not)."""
+        return all(hasattr(layer, "pad_source") for layer in self.layers)
 
     def join(self, src_len: torch.Tensor, memory: torch.Tensor, rows: int) -> None:
         """Adds sentences, ``rows`` decoder rows each, at position 0 beside the rows decoding
@@ -235,14 +243,16 @@ class TransformerDecoder(nn.Module):
             self.cache.own_positions()
         width = max(s["src_mask"].size(-1), memory.size(1))
         per_source = 1 if self.group == rows else rows  # source entries: one a sentence or row
-        added = {"src_mask": layers[0].source_mask(padding_mask(src_len, memory.size(1))
-                                                   .unsqueeze(1))}
+
+        def add(key: str, layer, kind: str, entry: torch.Tensor) -> None:
+            s[key] = torch.cat([layer.pad_source(s[key], width, kind), layer.pad_source(
+                entry, width, kind).repeat_interleave(per_source, dim=0)])
+        add("src_mask", layers[0], "mask",
+            layers[0].source_mask(padding_mask(src_len, memory.size(1)).unsqueeze(1)))
         for i, layer in enumerate(layers):
-            added[f"memory_keys.{i}"], added[f"memory_values.{i}"] = layer.memory_kv(memory)
-        for key, value in added.items():
-            mask = key == "src_mask"
-            s[key] = torch.cat([_pad_source(s[key], width, mask), _pad_source(
-                value, width, mask).repeat_interleave(per_source, dim=0)])
+            keys, values = layer.memory_kv(memory)
+            add(f"memory_keys.{i}", layer, "keys", keys)
+            add(f"memory_values.{i}", layer, "values", values)
         first = int(s["sentence"].max()) + 1 if s["sentence"].numel() else 0
         s["sentence"] = torch.cat([s["sentence"], torch.arange(
             first, first + count, device=memory.device).repeat_interleave(rows)])
@@ -308,10 +318,3 @@ class TransformerDecoder(nn.Module):
         out, attn = self.forward(tokens.unsqueeze(1))
         return out.squeeze(1), attn.squeeze(1)
 
-
-def _pad_source(entry: torch.Tensor, width: int, mask: bool) -> torch.Tensor:
-    """A source entry padded to ``width`` source positions: the mask (sources, 1, 1, S) with
-    True (masked), memory keys or values (sources, heads, S, dim) with zeros."""
-    if mask:
-        return F.pad(entry, (0, width - entry.size(-1)), value=True)
-    return F.pad(entry, (0, 0, 0, width - entry.size(2)))
