@@ -61,15 +61,16 @@ def main(argv=None) -> None:
     p.add_argument("-settings", nargs="+", default=["16x16", "1x16", "2x16", "4x16", "1x16j",
                                                     "1x32j"],
                    help="sentences a batch x sentences in flight; j: batches join one search")
+    p.add_argument("-compile", action="store_true", help="translate.py's -compile")
     p.add_argument("-json")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    translator = build_translator({"model": args.model, "beam_size": 5})
+    translator = build_translator({"model": args.model, "beam_size": 5, "compile": args.compile})
     with open(args.src, encoding="utf-8") as f:
         lines = [line.strip() for _, line in zip(range(args.lines), f)]
     start = time.perf_counter()
     translator.translate(lines, batch_size=args.batch_size)
-    results = {"cpu": cpu(), "lines": len(lines),
+    results = {"cpu": cpu(), "lines": len(lines), "compile": args.compile,
                "translate": len(lines) / (time.perf_counter() - start), "in_flight": {}}
     print(f"translate, batches of {args.batch_size} sorted: {results['translate']:.1f} sent/s")
     for setting in args.settings:

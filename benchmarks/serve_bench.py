@@ -155,7 +155,7 @@ def start_onmt_lite(args, port: int, root: str = ROOT):
     cmd = [sys.executable, "-m", "onmt_lite", "serve", "-model", args.model, "-src_lang", "en",
            "-tgt_lang", "de", "-port", str(port), "-beam_size", str(args.beam_size),
            "-max_queue", "100000",  # 128 clients x 10 sentences is more than the default queue
-           *args.serve_options.split()]
+           *args.decoding.split(), *args.serve_options.split()]
     process = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     wait_ready(process, port, "/ready")
@@ -190,7 +190,8 @@ def command_line_rate(args, lines, work: str) -> float:
         f.writelines(line + "\n" for line in lines)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model",
                            args.model, "-src", src, "-output", out, "-beam_size",
-                           str(args.beam_size), "-report_time", "-no_progress"],
+                           str(args.beam_size), "-report_time", "-no_progress",
+                           *args.decoding.split()],
                           capture_output=True, text=True, check=True)
     seconds = float(re.search(r"Total translation time \(s\): ([\d.]+)", proc.stderr).group(1))
     return len(lines) / seconds
@@ -278,6 +279,8 @@ def main(argv=None) -> None:
     p.add_argument("-mixed_clients", type=int, default=4)
     p.add_argument("-mixed_requests", type=int, default=200)
     p.add_argument("-memory_requests", type=int, default=0)
+    p.add_argument("-decoding", default="", help="translate.py decoding options for both the "
+                   "server and translate.py (\"-compile\")")
     p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
     p.add_argument("-compare", help="another checkout of onmt_lite to measure against")
     p.add_argument("-rounds", type=int, default=3, help="with -compare")
@@ -286,7 +289,7 @@ def main(argv=None) -> None:
     with open(args.src, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
     results = {"cpu": cpu(), "model": os.path.basename(args.model), "beam_size": args.beam_size,
-               "rows": []}
+               "decoding": args.decoding, "rows": []}
     settings = [(c, n) for n in args.per_request for c in args.clients]
     if args.compare:
         results["compare"] = {"other": args.compare, "rows": compare(args, lines, settings)}

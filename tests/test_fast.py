@@ -299,6 +299,32 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
     assert first["preds"] == expected
     assert out.read_text().split("\n")[:-1] == [" ".join(t.preds[0]) for t in
                                                 uncompiled.translate(lines, batch_size=3)]
+    uncompiled.opt.max_length_ratio, uncompiled.opt.max_length = 0, 24
+    _served_with_the_compiled_programs(model, cache, lines, made, [
+        " ".join(t.preds[0]) for t in uncompiled.translate(lines, batch_size=1)])
+
+
+def _served_with_the_compiled_programs(model, cache, lines, made, expected):
+    """The server's lanes load the programs too: one-sentence requests from 8 clients join
+    each other's searches between steps, through the compiled step, and each gets the line
+    the uncompiled step finds for it alone."""
+    pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from test_serve import Server
+    server = Server("-compile", "-compile_cache", str(cache), "-precision", "fp32",
+                    "-beam_size", "3", "-max_length_ratio", "0", "-max_length", "24",
+                    model=model, start_s=300)
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda line: http.post("/translate", json={
+                "q": line, "source": "en", "target": "de"}).json()["translatedText"],
+                lines * 3))
+    finally:
+        server.stop()
+    assert answers == expected * 3
+    assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 
 
 @pytest.mark.skipif(not available(), reason="../shared/fixtures/onmt-py is absent")

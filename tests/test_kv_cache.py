@@ -65,16 +65,27 @@ def test_fill_gaps_moves_only_sentences_past_the_end():
     assert fill_gaps([]) == []
 
 
-def test_a_zeroed_cache_grows_and_tiles_into_zeroed_memory():
-    cache = KVCache(2, 2, 1, 1, torch.float, "cpu", zeroed=True)
+def test_a_cache_read_whole_grows_and_tiles_into_zeroed_memory_and_stays_tight():
+    """The compiled step reads every column: the buffer is zeroed memory, and its capacity
+    keeps within INITIAL_CAPACITY columns of those in use, growing and shrinking."""
+    cache = KVCache(2, 2, 1, 1, torch.float, "cpu", reads_capacity=True)
     assert not cache.buffer.any()
     cache.reserve(1)
     cache.append(0, torch.ones(2, 1, 1, 1), torch.ones(2, 1, 1, 1))
     cache.advance(1)
     cache.reserve(40)  # grown: the prefix, then zeros
     cache.reorder(torch.tensor([0, 0, 1, 1]), group=2)  # more rows: a larger buffer
-    assert cache.buffer.size(4) >= 41 and cache.buffer.size(2) == 4
+    assert cache.buffer.size(4) == 48 and cache.buffer.size(2) == 4
     assert cache.buffer[0, :, :, :, :1].eq(1).all() and not cache.buffer[..., 1:, :].any()
+    cache.length = 40
+    cache.reserve(1)
+    assert cache.buffer.size(4) == 48  # 7 columns to spare
+    cache.length = 9  # the furthest row went back (sentences left): shrunk, the prefix kept
+    cache.reserve(1)
+    assert cache.buffer.size(4) == 16 and cache.buffer[0, :, :, :, :1].eq(1).all()
+    plain = KVCache(2, 2, 1, 1, torch.float, "cpu")
+    plain.reserve(17)
+    assert plain.buffer.size(4) == 32  # doubled: the plain step reads the columns in use
 
 
 def test_rows_that_swap_histories():

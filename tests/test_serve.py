@@ -295,14 +295,16 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *options):
+    """``onmt_lite serve`` as a process, on ``model`` (en -> de) with ``options``."""
+
+    def __init__(self, *options, model=MODEL, start_s=60):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "onmt_lite", "serve", "-model", MODEL, "-src_lang", "en",
+            [sys.executable, "-m", "onmt_lite", "serve", "-model", model, "-src_lang", "en",
              "-tgt_lang", "de", "-port", str(self.port), *options],
             cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stderr.read()
             try:
@@ -311,7 +313,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise AssertionError("the server did not become ready in 60 s")
+        raise AssertionError(f"the server did not become ready in {start_s} s")
 
     def stop(self):
         if self.process.poll() is None:

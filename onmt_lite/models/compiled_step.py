@@ -6,8 +6,8 @@ own.
 What makes one program serve every step of every batch:
 - Each row's position is an entry of a tensor (rows at different positions share a step, as
   the server's joined searches need), and the self-attention reads the cache's whole capacity
-  (KVCache grows it geometrically: 16, 32, 64... positions), the columns at and past a row's
-  position masked.
+  (KVCache keeps it within 16 columns of the furthest row's position), the columns at and past
+  a row's position masked.
 - The program writes nothing into the cache: it attends to the cached prefix and to its own new
   keys and values, and returns those, which one copy then writes into the cache at the
   position. An in-place write inside it would copy the whole cache at every step.
@@ -35,7 +35,7 @@ softmaxes and the cache stay fp32. (Under autocast the attentions' products ran 
 
 Cache positions past the prefix are masked, and their values weighted by an exact zero; a zero
 times a NaN would still be NaN, so the decoder's cache is made with zeroed memory (KVCache's
-``zeroed``).
+``reads_capacity``), its capacity kept within 16 columns of those in use.
 
 Nothing here is CPU-only; on a GPU the same program could be exported for CUDA (untested: no
 GPU is part of this path's measurements), and CUDA graphs would need shapes that never change:
