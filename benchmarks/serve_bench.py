@@ -7,7 +7,7 @@ sentences of the test set. Clients are closed loops (send a request, wait for it
 the next) over keep-alive connections, written on asyncio streams so that the client costs the
 2-core machine as little as possible; every tool is measured by the same client. Reported per
 setting (clients x sentences per request): sentences per second, the p50 / p99 latency of a
-request, and the CPU time the server's own process takes per request and its lanes per
+request, the CPU time the server's own process and the client take per request and the lanes per
 sentence. Beside them: translate.py's batch throughput on the same sentences (its translation
 time, start-up excluded), and OpenNMT-py's server (``onmt_server``, peers virtualenv) with the
 same checkpoint and beam. The mixed load sends one-sentence requests from one client while
@@ -221,18 +221,22 @@ def measure_server(args, name: str, process, port: int, api: str, lines, setting
         total = max(total, clients * per_request)
         lanes = children(process.pid)
         before = [cpu_seconds(pid) for pid in [process.pid] + lanes]
+        client = time.process_time()
         rate, latencies = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))
+        client = time.process_time() - client
         used = [cpu_seconds(pid) - b for pid, b in zip([process.pid] + lanes, before)]
         row = {"server": name, "clients": clients, "sentences_per_request": per_request,
                "sentences": len(latencies) * per_request, "sentences_per_s": rate,
                "p50_ms": 1000 * percentile(latencies, 0.5),
                "p99_ms": 1000 * percentile(latencies, 0.99),
                "server_cpu_ms_per_request": 1000 * used[0] / len(latencies),
+               "client_cpu_ms_per_request": 1000 * client / len(latencies),
                "lanes_cpu_ms_per_sentence": 1000 * sum(used[1:]) / (len(latencies) * per_request)}
         rows.append(row)
         print(f"{name:10} {clients:4} clients x {per_request:2} sentences: {rate:7.1f} sent/s, "
               f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, CPU: server "
-              f"{row['server_cpu_ms_per_request']:.2f} ms/request, lanes "
+              f"{row['server_cpu_ms_per_request']:.2f} ms/request, client "
+              f"{row['client_cpu_ms_per_request']:.2f} ms/request, lanes "
               f"{row['lanes_cpu_ms_per_sentence']:.2f} ms/sentence", file=sys.stderr)
     return rows
 
@@ -343,12 +347,13 @@ def main(argv=None) -> None:
     print(f"CPU: {results['cpu']['model']}, {results['cpu']['cores']} cores; translate.py "
           f"{cli:.1f} sentences/s")
     print(f"{'server':10} {'clients':>7} {'sent/req':>8} {'sent/s':>8} {'vs CLI':>7} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'server CPU ms/req':>17} {'lanes CPU ms/sent':>17}")
+          f"{'p50 ms':>8} {'p99 ms':>8} {'server CPU ms/req':>17} {'client CPU ms/req':>17} "
+          f"{'lanes CPU ms/sent':>17}")
     for r in results["rows"]:
         print(f"{r['server']:10} {r['clients']:7} {r['sentences_per_request']:8} "
               f"{r['sentences_per_s']:8.1f} {r['sentences_per_s'] / cli:7.2f} "
               f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['server_cpu_ms_per_request']:17.2f} "
-              f"{r['lanes_cpu_ms_per_sentence']:17.2f}")
+              f"{r['client_cpu_ms_per_request']:17.2f} {r['lanes_cpu_ms_per_sentence']:17.2f}")
     if "mixed" in results:
         m = results["mixed"]
         print(f"mixed load ({m['long_clients']} clients of 10 long sentences): short requests "
