@@ -16,6 +16,11 @@ same checkpoint and beam. The mixed load sends one-sentence requests from one cl
 with their p99 on the idle server. ``-memory_requests N`` sends N one-sentence requests and
 samples the server's resident memory as they go. The JSON names the CPU.
 
+``-headline N`` measures only the targets' setting, 32 clients of one sentence, against
+translate.py and OpenNMT-py's server, the three in turn in each of N rounds (their order
+rotating): this machine's speed drifts over minutes, so each ratio is taken within a round, and
+the medians of the rounds' ratios are reported.
+
 ``-compare DIR -rounds N`` measures only the closed-loop settings, against a server started from
 another checkout of onmt_lite (an older commit: ``git worktree add DIR REV``), the two started
 in turn for each of N rounds, the first of each round alternating; reported per setting: each
@@ -241,6 +246,46 @@ def measure_server(args, name: str, process, port: int, api: str, lines, setting
     return rows
 
 
+def server_rate(start, args, port: int, api: str, lines, total: int) -> float:
+    """Sentences per second of 32 clients of one sentence, on a server ``start`` starts."""
+    process = start(args, port)
+    try:
+        asyncio.run(closed_loop(port, api, 32, 1, lines, 64))  # warm
+        return asyncio.run(closed_loop(port, api, 32, 1, lines, total))[0]
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def headline(args, lines, work: str) -> dict:
+    """The targets' setting, round by round (see above)."""
+    measures = {
+        "translate.py": lambda: command_line_rate(args, lines, work),
+        "onmt_lite": lambda: server_rate(start_onmt_lite, args, free_port(), "libre", lines,
+                                         args.sentences),
+        "OpenNMT-py": lambda: server_rate(lambda a, port: start_onmt_py(a, port, work), args,
+                                          free_port(), "onmt", lines, args.peer_sentences)}
+    names, rounds = list(measures), []
+    for r in range(args.headline):
+        order = names[r % 3:] + names[:r % 3]
+        rates = {name: measures[name]() for name in order}
+        rounds.append(rates)
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n]:.1f}" for n in names) +
+              f" sent/s; onmt_lite {rates['onmt_lite'] / rates['translate.py']:.2f} of "
+              f"translate.py, {rates['onmt_lite'] / rates['OpenNMT-py']:.1f}x OpenNMT-py",
+              file=sys.stderr)
+    result = {"rounds": rounds, "median_vs_translate": statistics.median(
+        r["onmt_lite"] / r["translate.py"] for r in rounds), "median_vs_onmt_py":
+        statistics.median(r["onmt_lite"] / r["OpenNMT-py"] for r in rounds)}
+    result.update({f"median_{n}": statistics.median(r[n] for r in rounds) for n in names})
+    print(f"32 clients of one sentence, {args.headline} rounds: onmt_lite "
+          f"{result['median_vs_translate']:.2f} of translate.py's rate, "
+          f"{result['median_vs_onmt_py']:.1f}x OpenNMT-py's server (medians of the rounds' "
+          f"ratios; rates: " + ", ".join(f"{n} {result['median_' + n]:.1f}" for n in names)
+          + " sent/s)")
+    return result
+
+
 def compare(args, lines, settings) -> list:
     """Each setting's rate for this tree and ``args.compare``, round by round (see above)."""
     roots, rows = {"this": ROOT, "other": os.path.abspath(args.compare)}, []
@@ -288,6 +333,8 @@ def main(argv=None) -> None:
     p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
     p.add_argument("-compare", help="another checkout of onmt_lite to measure against")
     p.add_argument("-rounds", type=int, default=3, help="with -compare")
+    p.add_argument("-headline", type=int, default=0,
+                   help="rounds of the targets' setting only (needs -peers)")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     with open(args.src, encoding="utf-8") as f:
@@ -297,6 +344,15 @@ def main(argv=None) -> None:
     settings = [(c, n) for n in args.per_request for c in args.clients]
     if args.compare:
         results["compare"] = {"other": args.compare, "rows": compare(args, lines, settings)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
+    if args.headline:
+        if not args.peers:
+            p.error("-headline needs -peers (OpenNMT-py's server)")
+        with tempfile.TemporaryDirectory() as work:
+            results["headline"] = headline(args, lines, work)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

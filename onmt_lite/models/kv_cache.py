@@ -77,10 +77,10 @@ class KVCache:
             self._resize(max(needed, 2 * capacity))
 
     def _resize(self, capacity: int) -> None:
-        shape = list(self.buffer.shape)
-        shape[2], shape[4] = self.rows, capacity
+        shape = list(self.buffer.shape)  # its rows kept: joining sentences take those spare
+        shape[4] = capacity
         resized = self.new(shape, dtype=self.buffer.dtype, device=self.buffer.device)
-        resized[..., :self.length, :] = self.live()
+        resized[:, :, :self.rows, :, :self.length] = self.live()
         self.buffer = resized
 
     def append(self, layer: int, keys: torch.Tensor,
