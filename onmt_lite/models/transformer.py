@@ -217,7 +217,8 @@ class TransformerDecoder(nn.Module):
         self.group = 1
         attn = self.layers[0].self_attn
         self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
-                             memory.dtype, memory.device, reads_capacity=self.compiled_step is not None)
+                             memory.dtype, memory.device,
+                             reads_capacity=self.compiled_step is not None)
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see
@@ -317,4 +318,3 @@ class TransformerDecoder(nn.Module):
             return self.compiled_step(self, tokens)
         out, attn = self.forward(tokens.unsqueeze(1))
         return out.squeeze(1), attn.squeeze(1)
-
