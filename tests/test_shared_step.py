@@ -260,7 +260,9 @@ def test_a_search_keeps_the_lengths_of_its_sentences_still_decoding():
 def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
     """A batch whose every sentence is at least twice as long as every sentence of the running
     search starts a search of its own instead of joining it, and the short one steps alone
-    (Turns) for its head start; each translation is its own alone."""
+    (Turns) for its head start; a short batch beside a long one still waiting to start steps
+    alone at once too (rather than waiting behind it, then joining it); each translation is
+    its own alone."""
     from types import SimpleNamespace
 
     from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
@@ -286,7 +288,17 @@ def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
         while lane.busy():
             lane.start_waiting(conn)
             lane.step(conn)
-    alone = [t.output_lines() for t in translator.translate(lines, batch_size=1)]
+        idle = _LaneSearches(translator, Turns(0.5))  # a long batch waiting to start on an
+        idle.admit(conn, _Batch(3, [0], False, [len(tokens[1])]), [tokens[1]], 1)  # idle lane
+        assert len(idle.waiting) == 1 and not idle.searches
+        idle.admit(conn, _Batch(4, [0], False, [len(tokens[0])]), [tokens[0]], 1)
+        assert len(idle.searches) == 1 and len(idle.waiting) == 1  # the short one: at once
+        assert idle.searches.tags()[0].ahead_until > time.monotonic()
+        while idle.busy():
+            idle.start_waiting(conn)
+            idle.step(conn)
+    alone = [t.output_lines() for t in translator.translate(lines + lines[1:2] + lines[:1],
+                                                            batch_size=1)]
     assert sorted((m[1], m[3][0]) for m in messages if m[0] == "sentence") == list(
         enumerate(alone))
 

@@ -137,19 +137,22 @@ class Turns:
     alone, as searches of their own, for ``head_start`` seconds, their steps alternating with
     steps of every search so that those they take alone use at most half the lane's time (two
     thirds while they decode FEW_AHEAD sentences or fewer: a short request's own); otherwise
-    every search steps. Short beside long: a batch whose longest source is at most
-    half as long as every running sentence's, and the running searches whose every sentence is
-    at most half as long as every sentence of a batch that arrives (which starts a search of its
-    own instead of joining theirs)."""
+    every search steps. Short beside long: a batch whose longest source is at most half as
+    long as every running sentence's (and every sentence waiting to start), and the running
+    searches whose every sentence is at most half as long as every sentence of a batch that
+    arrives (which starts a search of its own instead of joining theirs)."""
 
     def __init__(self, head_start: float):
         self.head_start = head_start
         self.alone = self.together = 0.0  # seconds of steps while some search is ahead
 
-    def ahead_until(self, lengths: List[int], running: List[_Search], now: float) -> float:
+    def ahead_until(self, lengths: List[int], running: List[_Search], now: float,
+                    waiting: List[int] = ()) -> float:
         """Until when a batch of sources ``lengths`` tokens long, arriving now, steps alone (0:
-        it does not)."""
-        others = [min(s.decoding.values(), default=0) for s in running if s.ahead_until <= now]
+        it does not). ``waiting``: the shortest source of each chunk waiting to start, which
+        counts as running (else a short batch would wait behind long ones and join them)."""
+        others = [min(s.decoding.values(), default=0) for s in running
+                  if s.ahead_until <= now] + list(waiting)
         if others and 2 * max(lengths) <= min(others):
             return now + self.head_start
         return 0.0
@@ -237,7 +240,8 @@ class _LaneSearches:
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
             self.joinable[key] = self.variants[key].joinable()
-        ahead = self.turns.ahead_until(batch.lengths, self.searches.tags(), time.monotonic())
+        ahead = self.turns.ahead_until(batch.lengths, self.searches.tags(), time.monotonic(),
+                                       [min(map(len, c.tokens)) for c in self.waiting])
         if ahead or not self.joinable[key]:
             self._start(conn, _Chunk(key, batch, list(range(len(ordered))), ordered), ahead)
             return
