@@ -447,6 +447,32 @@ def test_a_batch_takes_sentences_of_a_similar_length_to_the_oldest():
     assert [len(job.tokens) for job in Batcher._batch(queue)] == [12]
 
 
+def test_under_load_only_a_sentence_short_beside_a_lanes_own_skips_the_batch_wait():
+    """With no lane free, a busy lane takes sentences once they have waited -batch_wait, or at
+    once where the oldest is at most half as long as every sentence the lane decodes (it
+    steps alone there)."""
+    from collections import deque
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from onmt_lite.serve.batcher import Job
+
+    def job(length, queued=100.0):
+        return Job(["x"] * length, Settings(1), Future(), queued)
+    busy = SimpleNamespace(active={0: ([job(12), job(20)], 0.0)})
+    ended = job(4)
+    ended.future.set_result(None)  # answered: no longer decoding
+    other = SimpleNamespace(active={1: ([job(9), ended], 0.0)})
+    batcher = SimpleNamespace(pending=deque(), stopping=False, batch_size=32, batch_wait=0.01,
+                              max_batches=4, lanes=[busy, other])
+    batcher._short_beside = lambda lane: Batcher._short_beside(batcher, lane)
+    for length, lane, wait in [(6, busy, 0), (7, busy, 0.01), (4, other, 0), (5, other, 0.01)]:
+        batcher.pending = deque([job(length)])
+        assert Batcher._admissible(batcher, lane, 100.0) == pytest.approx(wait), length
+    batcher.pending = deque([job(7, queued=99.98)])  # waited long enough
+    assert Batcher._admissible(batcher, busy, 100.0) == 0
+
+
 def test_report_align_gives_each_hypothesis_the_attentions_alignment():
     spec = ModelSpec(0, MODEL, {"report_align": True, "n_best": 2}, "en", "de",
                      user_opt={"report_align": True, "n_best": 2})

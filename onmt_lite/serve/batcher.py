@@ -9,6 +9,9 @@ answers just sent may be sending their next requests), and a busy lane takes sen
 when no lane is free and they have waited ``batch_wait``: they join its search at its next
 decoder step rather than waiting for it to end (at most ``max_batches`` batches a lane).
 
+A sentence at most half as long as every sentence a busy lane decodes goes to it at once: it
+takes steps alone there (lanes.Turns), so it waits for no fuller batch.
+
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
 ``-max_length_ratio`` (the batch's longest source x ratio + 5).
@@ -168,7 +171,17 @@ class Batcher:
         free = any(not other.active for other in self.lanes)
         if free or len(lane.active) >= self.max_batches:
             return None
-        return 0 if waited >= self.batch_wait else self.batch_wait - waited
+        if waited >= self.batch_wait or self._short_beside(lane):
+            return 0
+        return self.batch_wait - waited
+
+    def _short_beside(self, lane: Lane) -> bool:
+        """Whether the oldest waiting sentence is at most half as long as every sentence that
+        ``lane`` decodes: it steps alone there (lanes.Turns), so it waits for no fuller
+        batch."""
+        running = [len(job.tokens) for batch, _ in lane.active.values() for job in batch
+                   if not job.future.done()]
+        return bool(running) and 2 * len(self.pending[0].tokens) <= min(running)
 
     def _take(self, lane: Lane) -> List[Job]:
         """The next batch for ``lane`` (see _admissible); [] once stopped and drained."""
