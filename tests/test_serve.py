@@ -408,11 +408,11 @@ def test_a_short_request_does_not_wait_for_a_long_batch_that_started_before_it(r
     try:
         long_line = " ".join(DEMO)  # several sentences in one line: a long translation
         long = batcher.submit([translator.source_tokens(long_line, 1)] * 24, Settings(2))
-        time.sleep(0.3)
-        assert not any(f.done() for f in long)  # still decoding
+        time.sleep(0.2)
+        assert not all(f.done() for f in long)  # still decoding (the first may have ended)
         short = batcher.submit([translator.source_tokens(DEMO[0], 1)], Settings(2))
         texts = short[0].result(timeout=60)[0]
-        assert not all(f.done() for f in long)
+        assert sum(f.done() for f in long) < len(long) / 2
         assert texts == reference[DEMO[0]][0]
         alone = translator.translate([long_line])[0].output_lines()
         assert all(f.result(timeout=120)[0] == alone for f in long)
