@@ -109,7 +109,8 @@ def test_onmt_py_models_health_unload_and_clone(client):
     assert clone["status"] == "ok" and clone["model_id"] == 1
     out = client.post("/translator/translate", json=[{"src": DEMO[0], "id": 1}]).json()
     assert len(out) == 3
-    for opt in ({"model": "/etc/passwd"}, {"src": "x.txt"}, {"beam_size": "five"}, {"nope": 1}):
+    for opt in ({"model": "/etc/passwd"}, {"src": "x.txt"}, {"beam_size": "five"}, {"nope": 1},
+                {"compile": True, "compile_cache": "/tmp/elsewhere"}):
         refused = client.post("/translator/clone_model/0", json={"opt": opt})
         assert refused.status_code == 400 and refused.json()["status"] == "error", opt
 
@@ -229,6 +230,8 @@ def write_conf(tmp_path, models, root=None):
     ({"model": "m.pt", "colour": 1}, "unknown field(s) colour"),
     ({"model": "missing.pt"}, "no such file"),
     ({"model": "m.pt", "opt": {"output": "/tmp/x"}}, "opt 'output' cannot be set"),
+    ({"model": "m.pt", "opt": {"compile_cache": "x"}}, "'compile_cache' names a folder of "
+                                                       "compiled code"),
     ({"model": "m.pt", "timeout": "soon"}, "'timeout' must be a number"),
     ({"model": "m.pt", "tokenizer": {"type": "moses"}}, "tokenizer: type must be"),
 ])
@@ -502,6 +505,10 @@ def test_serve_takes_translate_options_given_even_at_their_default(tmp_path):
                                                   "-n_best", "2", "-port", "5001"])
     (spec,) = _specs(args, rest)
     assert spec.opt == {"beam_size": 5, "n_best": 2} and spec.src_lang is None
+    args, rest = build_parser().parse_known_args(["-model", MODEL, "-compile",
+                                                  "-compile_cache", str(tmp_path)])
+    (spec,) = _specs(args, rest)  # the command line, not a conf or a client, names the folder
+    assert spec.opt == {"compile": True, "compile_cache": str(tmp_path)}
     args, rest = build_parser().parse_known_args(["-model", MODEL, "-output", "x.txt"])
     with pytest.raises(OptionError, match="opt 'output' cannot be set"):
         _specs(args, rest)

@@ -74,7 +74,7 @@ def _specs(args, rest):
     parsed = parse_with_config(parser, ["-model", args.model, "-src", "-"] + rest)
     given = {name: getattr(parsed, name) for name in parsed.given_options
              if name not in ("model", "src")}  # an option given at its default value counts
-    opt = check_opt(given, "onmt_lite serve")
+    opt = check_opt(given, "onmt_lite serve", command_line=True)
     src_lang, tgt_lang = args.src_lang, args.tgt_lang
     if src_lang is None and tgt_lang is None:
         src_lang, tgt_lang = guess_languages(args.model)

@@ -19,6 +19,9 @@ KNOWN_FIELDS = ("id", "model", "models", "model_root", "timeout", "on_timeout", 
 # write for the client, or the server's own threads
 REFUSED_OPTIONS = ("src", "tgt", "output", "attn_dump", "attn_plot", "config", "phrase_table",
                    "log_file", "models", "model", "inter_threads", "workers", "threads")
+# a folder of compiled code the server writes and loads (-compile): only the server's own
+# command line names it; a conf.json or a client leaves -compile to its default folder
+COMMAND_LINE_OPTIONS = ("compile_cache",)
 
 
 @dataclass
@@ -158,9 +161,13 @@ def read_conf(path: str) -> List[ModelSpec]:
     return specs
 
 
-def check_opt(opt: dict, where: str) -> dict:
-    """A model's translate options, without those a client or a conf may not set."""
+def check_opt(opt: dict, where: str, command_line: bool = False) -> dict:
+    """A model's translate options, without those a client or a conf may not set (nor, but
+    COMMAND_LINE_OPTIONS, the server's ``command_line``)."""
     for name in opt:
         if name in REFUSED_OPTIONS:
             raise ConfError(f"{where}: opt '{name}' cannot be set for a served model")
+        if name in COMMAND_LINE_OPTIONS and not command_line:
+            raise ConfError(f"{where}: opt '{name}' names a folder of compiled code to load: "
+                            "only the server's command line sets it")
     return dict(opt)
