@@ -246,12 +246,15 @@ def measure_server(args, name: str, process, port: int, api: str, lines, setting
     return rows
 
 
-def server_rate(start, args, port: int, api: str, lines, total: int) -> float:
-    """Sentences per second of 32 clients of one sentence, on a server ``start`` starts."""
+def server_rate(start, args, port: int, api: str, lines, total: int, clients: int = 32,
+                per_request: int = 1) -> float:
+    """Sentences per second of ``clients`` clients of ``per_request`` sentences, on a server
+    ``start`` starts (after a warm-up)."""
     process = start(args, port)
     try:
-        asyncio.run(closed_loop(port, api, 32, 1, lines, 64))  # warm
-        return asyncio.run(closed_loop(port, api, 32, 1, lines, total))[0]
+        asyncio.run(closed_loop(port, api, clients, per_request, lines,
+                                max(64, clients * per_request)))
+        return asyncio.run(closed_loop(port, api, clients, per_request, lines, total))[0]
     finally:
         process.terminate()
         process.wait()
@@ -293,15 +296,9 @@ def compare(args, lines, settings) -> list:
         rates = {name: [] for name in roots}
         for r in range(args.rounds):
             for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-                port = free_port()
-                server = start_onmt_lite(args, port, roots[name])
-                try:
-                    asyncio.run(closed_loop(port, "libre", clients, per_request, lines, 200))
-                    rates[name].append(asyncio.run(closed_loop(
-                        port, "libre", clients, per_request, lines, args.sentences))[0])
-                finally:
-                    server.terminate()
-                    server.wait()
+                rates[name].append(server_rate(
+                    lambda a, port, root=roots[name]: start_onmt_lite(a, port, root), args,
+                    free_port(), "libre", lines, args.sentences, clients, per_request))
         ratio = statistics.median(a / b for a, b in zip(rates["this"], rates["other"]))
         rows.append({"clients": clients, "sentences_per_request": per_request, "rates": rates,
                      "median_ratio": ratio})

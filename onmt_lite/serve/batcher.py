@@ -26,7 +26,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Deque, List, Optional
 
-from onmt_lite.serve.lanes import Lane, LaneError
+from onmt_lite.serve.lanes import Lane, LaneError, short_beside
 
 logger = logging.getLogger("onmt_lite")
 
@@ -179,9 +179,9 @@ class Batcher:
         """Whether the oldest waiting sentence is at most half as long as every sentence that
         ``lane`` decodes: it steps alone there (lanes.Turns), so it waits for no fuller
         batch."""
-        running = [len(job.tokens) for batch, _ in lane.active.values() for job in batch
-                   if not job.future.done()]
-        return bool(running) and 2 * len(self.pending[0].tokens) <= min(running)
+        return short_beside([len(self.pending[0].tokens)], [
+            len(job.tokens) for batch, _ in lane.active.values() for job in batch
+            if not job.future.done()])
 
     def _take(self, lane: Lane) -> List[Job]:
         """The next batch for ``lane`` (see _admissible); [] once stopped and drained."""

@@ -132,6 +132,13 @@ class _Search:
         return list({id(batch): batch for batch, _ in self.places}.values())
 
 
+def short_beside(shorter: List[int], longer: List[int]) -> bool:
+    """Whether sources ``shorter`` tokens long are short beside sources ``longer`` long: each
+    at most half as long as every one of them (the short step alone, Turns; the batcher sends
+    them to a busy lane at once)."""
+    return bool(shorter) and bool(longer) and 2 * max(shorter) <= min(longer)
+
+
 class Turns:
     """Which of a lane's searches take the next step. Short sentences beside long ones step
     alone, as searches of their own, for ``head_start`` seconds, their steps alternating with
@@ -153,15 +160,15 @@ class Turns:
         counts as running (else a short batch would wait behind long ones and join them)."""
         others = [min(s.decoding.values(), default=0) for s in running
                   if s.ahead_until <= now] + list(waiting)
-        if others and 2 * max(lengths) <= min(others):
+        if short_beside(lengths, others):
             return now + self.head_start
         return 0.0
 
     def let_ahead(self, lengths: List[int], running: List[_Search], now: float) -> list:
         """The running searches that step alone from now on, beside sentences of sources
         ``lengths`` tokens long that start now (and do not join them)."""
-        ahead = [s for s in running if s.ahead_until <= now and s.decoding
-                 and 2 * max(s.decoding.values()) <= min(lengths)]
+        ahead = [s for s in running if s.ahead_until <= now
+                 and short_beside(list(s.decoding.values()), lengths)]
         for search in ahead:
             search.ahead_until = now + self.head_start
         return ahead
