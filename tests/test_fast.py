@@ -18,6 +18,7 @@ from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
 from onmt_lite.models import fast
+from onmt_lite.models.bfloat16 import Bfloat16Linear
 from onmt_lite.models.compiled_step import CompiledStep
 from onmt_lite.models.model import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
@@ -194,6 +195,50 @@ def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
     assert 0 < max(differences) < 0.1
 
 
+MARIAN_GELU = dict(MARIAN_LIKE, pos_ffn_activation_fn="gelu", scale_embedding=False,
+                   position_encoding_type="SinusoidalMarian")
+
+
+@pytest.mark.parametrize("opt", [TINY_TRANSFORMER, MARIAN_LIKE, MARIAN_GELU],
+                         ids=["pre-norm", "post-norm", "post-norm-gelu"])
+def test_the_source_programs_are_the_encoder_and_the_layers(opt, src_vocab, tgt_vocab):
+    """-compile's encoder program and memory program (run uncompiled here: the same operations)
+    give the encoder's memory at every position of a padded batch and of a lone sentence, and
+    each decoder layer's keys and values of it; with bf16 products, the memory moves by bf16
+    rounding, not more."""
+    model = make_model(opt, src_vocab, tgt_vocab, 4)
+    decoder = fast.to_fast(model.decoder)
+    step = CompiledStep(decoder, lambda program, *_: program)
+    src = torch.tensor([[4, 5, 6, 7, 8], [8, 9, 4, 1, 1], [5, 1, 1, 1, 1]])  # 1: padding
+    src_len = torch.tensor([5, 3, 1])
+    programs = {bf16: fast.compile_encoder(model.encoder, lambda program, *_: program, bf16)
+                for bf16 in (False, True)}
+    with torch.inference_mode():
+        for rows, length in ((slice(0, 3), 5), (slice(2, 3), 1)):
+            expected, _ = model.encoder(src[rows, :length], src_len[rows])
+            memory, final = programs[False](src[rows, :length], src_len[rows])
+            assert final is None and torch.allclose(memory, expected, atol=1e-5)
+            rounded, _ = programs[True](src[rows, :length], src_len[rows])
+            assert 0 < (rounded - expected).abs().max() < 0.1
+            for (keys, values), layer in zip(step.memory_kv(memory), decoder.layers):
+                assert all(torch.equal(a, b) for a, b in zip((keys, values),
+                                                             layer.memory_kv(memory)))
+
+
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+def test_compiled_programs_make_their_own_bf16_products(precision, src_vocab, tgt_vocab,
+                                                        monkeypatch):
+    """With -compile the encoder and the decoder keep their fp32 weights for their programs,
+    which round their products to bf16 themselves; the output layer is bf16 only in bf16."""
+    monkeypatch.setattr(fast, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
+    model = for_inference(model, "cpu", precision=precision, compile=True)
+    assert model.compiled_encoder.module.bf16 and model.decoder.compiled_step.bf16
+    assert all(type(m) is not Bfloat16Linear for part in (model.encoder, model.decoder)
+               for m in part.modules())
+    assert (type(model.generator) is Bfloat16Linear) == (precision == "bf16")
+
+
 def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
     """The compiled step has no int8 products: -compile -int8 says so in one line and runs the
     step uncompiled, with every product in int8."""
@@ -215,7 +260,7 @@ def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch,
         assert fast.aot_compiler() is None
     assert [r.getMessage() for r in caplog.records] == [
         "-compile: no C++ compiler found (looked for no-such-c++-compiler; set CXX to one): the "
-        "decoder step runs uncompiled"]
+        "model runs uncompiled"]
 
 
 def test_a_step_torch_cannot_compile_runs_uncompiled_after_one_line(tmp_path, monkeypatch,
@@ -232,9 +277,9 @@ def test_a_step_torch_cannot_compile_runs_uncompiled_after_one_line(tmp_path, mo
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         translator = build_translator({"model": model, "compile": True, "beam_size": 3})
     assert [r.getMessage() for r in caplog.records] == [
-        "-compile: torch could not compile the decoder step on cpu (RuntimeError: "
-        "prims::convert_element_type() Expected a value of type 'Tensor'): it runs uncompiled"]
-    assert translator.model.decoder.compiled_step is None
+        "-compile: torch could not compile the model's programs on cpu (RuntimeError: "
+        "prims::convert_element_type() Expected a value of type 'Tensor'): they run uncompiled"]
+    assert translator.model.decoder.compiled_step is translator.model.compiled_encoder is None
     plain = build_translator({"model": model, "beam_size": 3})
     assert [t.output_lines() for t in translator.translate(lines)] == [
         t.output_lines() for t in plain.translate(lines)]
@@ -271,8 +316,9 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 @pytest.mark.skipif(fast.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
     """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (the
-    first step, one row per sentence, and the steps after it, three per sentence) and one of
-    the output layer, compiled by a first process; a command line run loads them from the
+    first step, one row per sentence, and the steps after it, three per sentence), one of the
+    output layer, one of the encoder and one of the memory's keys and values, compiled by a
+    first process; a command line run loads them from the
     cache directory and decodes in its default layout (forked processes, where the machine
     has two cores: the compiled code is serial, so a child never waits on OpenMP threads it
     did not inherit); both find the uncompiled step's hypotheses."""
@@ -291,7 +337,9 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert first["programs"] == [1, 3]
-    assert len(made) == 3 and made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert sorted(name.split("-")[0] for name in made) == [
+        "encoder", "memory", "output", "step", "step"]
+    assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)
     lines = src.read_text().split("\n")[:-1]

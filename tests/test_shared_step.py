@@ -8,6 +8,7 @@ import torch
 
 from onmt_lite.models import shared_step
 from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep
+from onmt_lite.models.fast import compile_encoder
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
 from onmt_lite.translate.translator import build_translator
@@ -106,15 +107,18 @@ def _joining(translator, first, arrivals):
 
 
 def _compiled(translator) -> list:
-    """Gives the translator -compile's whole step and output programs, run uncompiled here
+    """Gives the translator -compile's encoder, whole step and output programs, run uncompiled here
     (the same operations: test_fast.py); returns, for each step the step program takes, how
     many positions its rows stand at."""
     model, positions = translator.model, []
 
-    def build(program, *_):
+    def build(program, args, shapes, name):
+        if not name.startswith("step-"):  # the memory's keys and values
+            return program
         return lambda *args: positions.append(args[1].unique().numel()) or program(*args)
     model.decoder.compiled_step = CompiledStep(model.decoder, build)
     model.compiled_output = CompiledOutput(model.generator, lambda program, *_: program)
+    model.compiled_encoder = compile_encoder(model.encoder, lambda program, *_: program)
     return positions
 
 

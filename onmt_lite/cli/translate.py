@@ -168,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
              "and values and short self-attentions without batched products (with -int8 the "
              "RNN's cells quantised too); results close to exact decoding, not equal")
     add(g, "compile", action="store_true",
-        help="-fast with the Transformer decoder's step compiled ahead of time by "
-             "AOTInductor, its weights frozen in, where a C++ compiler is found (else it says "
+        help="-fast with the Transformer's encoder and decoder step compiled ahead of time "
+             "by AOTInductor, their weights frozen in, where a C++ compiler is found (else it says "
              "so and runs uncompiled); compiled once (1-2 minutes), then loaded from the "
              "cache")
     add(g, "compile_cache", default="",

@@ -6,7 +6,7 @@ layers, biases, softmax, layer norm, the LSTM cell state, the search's scores) s
 only loss is the rounding of each product's inputs and output to bf16.
 """
 import logging
-from typing import Optional, Tuple
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -114,16 +114,18 @@ def has_bf16_units() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def to_bfloat16(module: nn.Module, skip: Optional[nn.Module] = None) -> nn.Module:
-    """Replaces, in place, every Linear, LSTMCell and GRUCell below ``module`` (except those
-    below ``skip``) by its bf16 version; returns ``module``. Shared layers (tied weights) stay
+def to_bfloat16(modules: Union[nn.Module, List[nn.Module]],
+                skip: Iterable[nn.Module] = ()) -> None:
+    """Replaces, in place, every Linear, LSTMCell and GRUCell below ``modules`` (except those
+    below a module of ``skip``) by its bf16 version. Shared layers (tied weights) stay
     shared."""
     if not has_bf16_units():
         logger.warning("this CPU has no bf16 units (AMX, AVX-512 BF16): -precision bf16 "
                        "will be slower than fp32")
     done = {}
-    kept = set() if skip is None else {id(m) for m in skip.modules()}
-    for parent in list(module.modules()):
+    kept = {id(m) for part in skip for m in part.modules()}
+    modules = modules if isinstance(modules, list) else [modules]
+    for parent in [m for module in modules for m in module.modules()]:
         if id(parent) in kept:
             continue
         for name, child in parent.named_children():
@@ -132,4 +134,3 @@ def to_bfloat16(module: nn.Module, skip: Optional[nn.Module] = None) -> nn.Modul
                 if id(child) not in done:
                     done[id(child)] = version(child)
                 setattr(parent, name, done[id(child)])
-    return module

@@ -119,27 +119,107 @@ class OutputProgram(nn.Module):
         return (torch.log_softmax(self.generator(x).float(), dim=-1),)
 
 
-class CompiledOutput:
-    """``model.log_probs`` for a step's rows (R, H) by an OutputProgram that ``build`` compiles
-    at its first call; see CompiledStep."""
+class EncoderProgram(nn.Module):
+    """What is compiled of a Transformer encoder: its embeddings, its layers (as
+    FastEncoderLayers, ``layers``) and its final norm. forward: src (B, S), src_len (B,) ->
+    (memory (B, S, H),)."""
 
-    def __init__(self, generator: nn.Linear, build: Builder):
-        self.generator, self.build = generator, build
+    def __init__(self, encoder, layers: nn.ModuleList, bf16: bool):
+        super().__init__()
+        self.embeddings, self.layers, self.norm = encoder.embeddings, layers, encoder.layer_norm
+        self.bf16 = bf16
+
+    def forward(self, src, src_len):
+        emb, length = self.embeddings, src.size(1)
+        x = emb.embeddings(src) * emb.scale + emb.pe[:length]
+        padding = torch.arange(length, device=src.device) >= src_len.unsqueeze(1)
+        bias = torch.zeros(padding.shape, device=src.device).masked_fill_(
+            padding, MASKED_LOGIT).view(src.size(0), 1, 1, length)
+        for layer in self.layers:
+            x = layer(x, bias, self.bf16)
+        return (self.norm(x),)
+
+
+class MemoryProgram(nn.Module):
+    """The context attention's keys and values of every decoder layer (FastDecoderLayers), as
+    their memory_kv makes them: memory (B, S, H) -> [keys (B, h, d, S), values (B, h, S, d)]
+    of each layer in turn."""
+
+    def __init__(self, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, memory):
+        return [entry for layer in self.layers for entry in layer.memory_kv(memory)]
+
+
+class Program:
+    """A program that ``build`` compiles at its first call (in whichever thread calls first):
+    ``make()`` gives the module, example arguments, their dynamic shapes and a name (see
+    Builder). Called with the module's arguments, returns its outputs as a list."""
+
+    def __init__(self, build: Builder, make: Callable[[], tuple]):
+        self.build, self.make = build, make
         self.program = None
 
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args):
         if self.program is None:
             with BUILDING:
                 if self.program is None:
-                    self.program = self._build()
+                    self.program = self.build(*self.make())
+        return self.program(*args)
+
+
+class CompiledOutput:
+    """``model.log_probs`` for a step's rows (R, H) by an OutputProgram compiled at its first
+    call; see CompiledStep."""
+
+    def __init__(self, generator: nn.Linear, build: Builder):
+        self.generator = generator
+        self.program = Program(build, self._make)
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
         return self.program(out.contiguous())[0]
 
-    def _build(self) -> Callable:
+    def _make(self) -> tuple:
         example = torch.zeros(2, self.generator.in_features, device=self.generator.weight.device)
         rows = torch.export.Dim("rows", min=1, max=1 << 20)
         name = "output-" + _name(_made_of([self.generator]), self.generator.weight.device)
-        return self.build(OutputProgram(self.generator).eval(), (example,), {"x": {0: rows}},
-                          name)
+        return OutputProgram(self.generator).eval(), (example,), {"x": {0: rows}}, name
+
+
+class CompiledEncoder:
+    """``model.encode`` of a TransformerEncoder by an EncoderProgram compiled at its first call
+    (a sentence's source costs a tenth of its decoding: a program of a few calls instead of
+    some hundred operations; a quarter of the time a lone sentence takes to join a search).
+
+    Args:
+        encoder: the TransformerEncoder (its modules shared, not copied).
+        layers: its layers as FastEncoderLayers.
+        build, bf16: as CompiledStep's.
+    """
+
+    def __init__(self, encoder, layers: nn.ModuleList, build: Builder, bf16: bool = False):
+        self.max_len = encoder.embeddings.max_len
+        self.module = EncoderProgram(encoder, layers, bf16).eval()
+        self.program = Program(build, self._make)
+
+    def __call__(self, src: torch.Tensor, src_len: torch.Tensor):
+        """src (B, S), src_len (B,) -> memory (B, S, H), None (no final state)."""
+        if src.size(1) > self.max_len:
+            raise ValueError(f"sequence longer than {self.max_len} positions")
+        return self.program(src.contiguous(), src_len)[0], None
+
+    def _make(self) -> tuple:
+        module = self.module
+        device = module.embeddings.weight.device
+        example = (torch.ones(EXAMPLE_SOURCES, EXAMPLE_LENGTH, dtype=torch.long, device=device),
+                   torch.tensor([EXAMPLE_LENGTH, EXAMPLE_LENGTH - 1], device=device))
+        Dim = torch.export.Dim
+        b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1, max=self.max_len)
+        made_of = _made_of([module.embeddings, module.layers, module.norm])
+        name = "encoder-" + _name(made_of, device, "bf16" if module.bf16 else "fp32")
+        return module, example, {"src": {0: b, 1: s}, "src_len": {0: b}}, name
 
 
 def _made_of(modules) -> str:
@@ -182,6 +262,22 @@ class CompiledStep:
         self.build, self.bf16 = build, bf16
         self.programs: Dict[int, Callable] = {}
         self.made_of = None  # _made_of the decoder's modules, once
+        self.memory_program = Program(build, self._make_memory)
+
+    def memory_kv(self, memory: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's memory_kv of ``memory`` (B, S, H), by one program."""
+        entries = self.memory_program(memory.contiguous())
+        return list(zip(entries[::2], entries[1::2]))
+
+    def _make_memory(self) -> tuple:
+        _, layers, _ = self.decoder_modules
+        device = self.decoder_modules[0].weight.device
+        example = torch.zeros(EXAMPLE_SOURCES, EXAMPLE_LENGTH, layers[0].self_attn.heads
+                              * layers[0].self_attn.dim_per_head, device=device)
+        Dim = torch.export.Dim
+        shapes = {"memory": {0: Dim("sources", min=1, max=1 << 16),
+                             1: Dim("source_length", min=1, max=1 << 16)}}
+        return MemoryProgram(layers).eval(), (example,), shapes, self.name("memory")
 
     def __call__(self, decoder, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One step of ``decoder`` (its state and cache): tokens (B,) -> out (B, H), attn (B, S)."""
@@ -218,7 +314,8 @@ class CompiledStep:
                 if group not in self.programs:
                     module = StepProgram(decoder, group, self.bf16).eval()
                     args, shapes = self.example(decoder, group)
-                    self.programs[group] = self.build(module, args, shapes, self.name(group))
+                    self.programs[group] = self.build(module, args, shapes, self.name(
+                        "step", str(group), "bf16" if self.bf16 else "fp32"))
             program = self.programs[group]
         return program
 
@@ -249,9 +346,8 @@ class CompiledStep:
                   "src_bias": {0: b, 3: s}}
         return args, shapes
 
-    def name(self, group: int) -> str:
-        """The file name of the program for ``group`` (see _name)."""
+    def name(self, kind: str, *parts: str) -> str:
+        """The file name of a program of the decoder's: ``kind``, then _name's hash."""
         if self.made_of is None:
             self.made_of = _made_of(self.decoder_modules)
-        device = self.decoder_modules[0].weight.device
-        return "step-" + _name(self.made_of, device, str(group), "bf16" if self.bf16 else "fp32")
+        return f"{kind}-" + _name(self.made_of, self.decoder_modules[0].weight.device, *parts)

@@ -14,9 +14,11 @@ Transformer:
   hypotheses, 8-30 source tokens).
 - The first feed-forward product and its relu in one int8 call (``linear_relu_dynamic``).
 - With ``-compile``, the whole step exported and compiled ahead of time by AOTInductor where a
-  C++ compiler is found (compiled_step.py); the package is kept in a cache directory, so a
-  later process loads it instead of compiling. Without a compiler the step runs uncompiled,
-  after one line that says so; so does it with ``-int8`` (see INT8_UNCOMPILED).
+  C++ compiler is found (compiled_step.py), and so are the encoder (its layers as
+  FastEncoderLayers) and the decoder layers' products with the memory; the packages are kept
+  in a cache directory, so a later process loads them instead of compiling. Without a
+  compiler the model runs uncompiled, after one line that says so; so does the step with
+  ``-int8`` (see INT8_UNCOMPILED).
 
 RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
 rounding:
@@ -43,9 +45,15 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention
-from onmt_lite.models.compiled_step import Builder, CompiledStep
+from onmt_lite.models.compiled_step import Builder, CompiledEncoder, CompiledStep
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
-from onmt_lite.models.transformer import DecoderLayer, Residual, TransformerDecoder
+from onmt_lite.models.transformer import (
+    DecoderLayer,
+    EncoderLayer,
+    Residual,
+    TransformerDecoder,
+    TransformerEncoder,
+)
 
 logger = logging.getLogger("onmt_lite")
 
@@ -79,7 +87,7 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
     previous process made; where no compiler is found, says so in one line and returns None."""
     problem = compiler_problem()
     if problem:
-        logger.warning("-compile: %s: the decoder step runs uncompiled", problem)
+        logger.warning("-compile: %s: the model runs uncompiled", problem)
         return None
     directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
 
@@ -173,7 +181,59 @@ def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-class FastDecoderLayer(Residual):
+def _fused_qkv(attn) -> nn.Linear:
+    """One product for a self-attention's queries, keys and values, the query scale folded in
+    (1/8 for 64 dimensions a head: exact)."""
+    scale = 1 / math.sqrt(attn.dim_per_head)
+    parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
+    return _linear(torch.cat([p.weight * k for p, k in zip(parts, (scale, 1, 1))]),
+                   None if parts[0].bias is None
+                   else torch.cat([p.bias * k for p, k in zip(parts, (scale, 1, 1))]))
+
+
+class FastResidual(Residual):
+    """Residual with its norms called as functions, and the feed-forward block of a fast layer
+    (``bf16``: see product)."""
+
+    def before(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # as Residual's
+        return layer_norm(norm, x) if self.pre_norm else x
+
+    def after(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        return x if self.pre_norm else layer_norm(norm, x)
+
+    def feed_forward_block(self, x: torch.Tensor, bf16: bool) -> torch.Tensor:
+        ff, normed = self.feed_forward, self.before(self.feed_forward.layer_norm, x)
+        if ff.activation is torch.relu:
+            inner = product(ff.w_1, normed, relu=True, bf16=bf16)
+        else:
+            inner = ff.activation(product(ff.w_1, normed, bf16=bf16))
+        return self.after(ff.layer_norm, product(ff.w_2, inner, bf16=bf16) + x)
+
+
+class FastEncoderLayer(FastResidual):
+    """An EncoderLayer with the layer's own modules (weights shared), called as FastDecoderLayer
+    calls a decoder layer's, the padding a bias added to the scores: the blocks of the
+    compiled encoder (compiled_step.EncoderProgram)."""
+
+    def __init__(self, layer: EncoderLayer):
+        super().__init__(layer.pre_norm)
+        self.layer_norm, self.self_attn = layer.layer_norm, layer.self_attn
+        self.feed_forward = layer.feed_forward
+        self.qkv = _fused_qkv(layer.self_attn)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+        """x (B, S, H), ``bias`` (B, 1, 1, S): MASKED_LOGIT at padding -> (B, S, H)."""
+        rows, length, _ = x.shape
+        attn = self.self_attn
+        q, keys, values = (attn.split_heads(part) for part in product(
+            self.qkv, self.before(self.layer_norm, x), bf16=bf16).chunk(3, dim=-1))
+        weights = torch.softmax(torch.matmul(q, keys.transpose(2, 3)) + bias, dim=-1)
+        context = attn.merge_heads(torch.matmul(weights, values), rows, length)
+        x = self.after(self.layer_norm, product(attn.final_linear, context, bf16=bf16) + x)
+        return self.feed_forward_block(x, bf16)
+
+
+class FastDecoderLayer(FastResidual):
     """A DecoderLayer's step on the fast path, with the layer's own modules (weights shared),
     called without the module machinery and without the no-op dropouts. Its blocks between
     the attentions (``project``, ``between``, ``finish``) are also the parts of the compiled
@@ -184,12 +244,8 @@ class FastDecoderLayer(Residual):
         self.layer_norm_1, self.layer_norm_2 = layer.layer_norm_1, layer.layer_norm_2
         self.self_attn, self.context_attn = layer.self_attn, layer.context_attn
         self.feed_forward = layer.feed_forward
-        attn = layer.self_attn
-        scale = 1 / math.sqrt(attn.dim_per_head)  # 1/8 for 64 per head: exact
-        parts = (attn.linear_query, attn.linear_keys, attn.linear_values)
-        self.qkv = _linear(torch.cat([p.weight * k for p, k in zip(parts, (scale, 1, 1))]),
-                           None if parts[0].bias is None
-                           else torch.cat([p.bias * k for p, k in zip(parts, (scale, 1, 1))]))
+        self.qkv = _fused_qkv(layer.self_attn)
+        scale = 1 / math.sqrt(layer.self_attn.dim_per_head)
         query = layer.context_attn.linear_query
         self.context_query = _linear(query.weight * scale,
                                      None if query.bias is None else query.bias * scale)
@@ -212,18 +268,7 @@ class FastDecoderLayer(Residual):
                bf16: bool = False) -> torch.Tensor:
         out = self.after(self.layer_norm_2,
                          product(self.context_attn.final_linear, context, bf16=bf16) + query)
-        ff, normed = self.feed_forward, self.before(self.feed_forward.layer_norm, out)
-        if ff.activation is torch.relu:
-            inner = product(ff.w_1, normed, relu=True, bf16=bf16)
-        else:
-            inner = ff.activation(product(ff.w_1, normed, bf16=bf16))
-        return self.after(ff.layer_norm, product(ff.w_2, inner, bf16=bf16) + out)
-
-    def before(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:  # as Residual's
-        return layer_norm(norm, x) if self.pre_norm else x
-
-    def after(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-        return x if self.pre_norm else layer_norm(norm, x)
+        return self.feed_forward_block(out, bf16)
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The context attention's keys, transposed (B, h, d, S), and values (B, h, S, d), each
@@ -240,6 +285,8 @@ class FastDecoderLayer(Residual):
     def pad_source(self, entry: torch.Tensor, width: int, kind: str) -> torch.Tensor:
         """As DecoderLayer.pad_source for this layer's entries: the mask, a bias, with
         MASKED_LOGIT; the keys, transposed (B, h, d, S), on their last dimension."""
+        if entry.size(2 if kind == "values" else -1) == width:
+            return entry  # F.pad would copy it
         if kind == "values":
             return nn.functional.pad(entry, (0, 0, 0, width - entry.size(2)))
         return nn.functional.pad(entry, (0, width - entry.size(-1)),
@@ -382,6 +429,16 @@ def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
         for i in range(1, len(cells.layers)):
             cells.layers[i] = JoinedLSTMCell(cells.layers[i])
     decoder.attn = FoldedGlobalAttention(decoder.attn)
+
+
+def compile_encoder(encoder: nn.Module, build: Builder,
+                    bf16: bool = False) -> Optional[CompiledEncoder]:
+    """-compile: a Transformer encoder as a program (its layers as FastEncoderLayers) that
+    ``build`` compiles at the first batch; None for another encoder."""
+    if not isinstance(encoder, TransformerEncoder):
+        return None
+    return CompiledEncoder(encoder, nn.ModuleList(FastEncoderLayer(layer)
+                                                  for layer in encoder.layers), build, bf16)
 
 
 def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "",

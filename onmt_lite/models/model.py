@@ -9,7 +9,7 @@ from torch import nn
 from onmt_lite.errors import OptionError
 from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
 from onmt_lite.models.compiled_step import CompiledOutput
-from onmt_lite.models.fast import to_fast
+from onmt_lite.models.fast import compile_encoder, to_fast
 from onmt_lite.models.int8 import quantize
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
 from onmt_lite.models.transformer import (
@@ -43,10 +43,13 @@ class NMTModel(nn.Module):
     def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
-        self.compiled_output = None  # -compile: log_probs of a step's rows (compiled_step.py)
+        # -compile: the encoder, and log_probs of a step's rows, as programs (compiled_step.py)
+        self.compiled_encoder = self.compiled_output = None
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> Tuple[torch.Tensor, Optional[tuple]]:
         """src (B, S) -> memory (B, S, H) and the encoder's final state (RNN only)."""
+        if self.compiled_encoder is not None and not torch.is_grad_enabled():
+            return self.compiled_encoder(src, src_len)
         return self.encoder(src, src_len)
 
     def joinable(self) -> bool:
@@ -188,13 +191,14 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     bf16 = precision in ("bf16", "mixed") and not on_gpu
     if fast or compile:
         to_fast(model.decoder, compile, compile_cache, int8, bf16)
-    if bf16:  # a compiled step makes its own bf16 products
-        compiled = getattr(model.decoder, "compiled_step", None) is not None
-        if precision == "bf16":
-            to_bfloat16(model, skip=model.decoder if compiled else None)
-        else:
-            for part in [model.encoder] if compiled else [model.encoder, model.decoder]:
-                to_bfloat16(part)
+        step = getattr(model.decoder, "compiled_step", None)
+        if step is not None:
+            model.compiled_encoder = compile_encoder(model.encoder, step.build, bf16)
+    if bf16:  # compiled programs make their own bf16 products
+        compiled = [part for part, program in ((model.encoder, model.compiled_encoder), (
+            model.decoder, getattr(model.decoder, "compiled_step", None))) if program is not None]
+        to_bfloat16(model if precision == "bf16" else [model.encoder, model.decoder],
+                    skip=compiled)
     if int8:
         layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
             else {nn.Linear}

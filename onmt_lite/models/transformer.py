@@ -157,6 +157,8 @@ class DecoderLayer(Residual):
         """A source entry padded to ``width`` source positions (sentences joining a search,
         TransformerDecoder.join): the ``mask`` from source_mask with True (masked), the memory's
         ``keys`` or ``values`` (B, h, S, d) from memory_kv with zeros."""
+        if entry.size(-1 if kind == "mask" else 2) == width:
+            return entry  # F.pad would copy it
         if kind == "mask":
             return F.pad(entry, (0, width - entry.size(-1)), value=True)
         return F.pad(entry, (0, 0, 0, width - entry.size(2)))
@@ -210,8 +212,7 @@ class TransformerDecoder(nn.Module):
         self.state = new_state(memory.size(0), memory.device)
         self.state["src_mask"] = self.layers[0].source_mask(  # the same for every layer
             padding_mask(src_len, memory.size(1)).unsqueeze(1))
-        for i, layer in enumerate(self.layers):
-            keys, values = layer.memory_kv(memory)
+        for i, (keys, values) in enumerate(self.memory_kv(memory)):
             self.state[f"memory_keys.{i}"] = keys
             self.state[f"memory_values.{i}"] = values
         self.group = 1
@@ -219,6 +220,13 @@ class TransformerDecoder(nn.Module):
         self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
                              memory.dtype, memory.device,
                              reads_capacity=self.compiled_step is not None)
+
+    def memory_kv(self, memory: torch.Tensor):
+        """Each layer's context keys and values of ``memory`` (B, S, H), as the layer makes
+        them (by one program with -compile)."""
+        if self.compiled_step is not None and not torch.is_grad_enabled():
+            return self.compiled_step.memory_kv(memory)
+        return [layer.memory_kv(memory) for layer in self.layers]
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see
@@ -250,8 +258,7 @@ class TransformerDecoder(nn.Module):
                 entry, width, kind).repeat_interleave(per_source, dim=0)])
         add("src_mask", layers[0], "mask",
             layers[0].source_mask(padding_mask(src_len, memory.size(1)).unsqueeze(1)))
-        for i, layer in enumerate(layers):
-            keys, values = layer.memory_kv(memory)
+        for i, (layer, (keys, values)) in enumerate(zip(layers, self.memory_kv(memory))):
             add(f"memory_keys.{i}", layer, "keys", keys)
             add(f"memory_values.{i}", layer, "values", values)
         first = int(s["sentence"].max()) + 1 if s["sentence"].numel() else 0

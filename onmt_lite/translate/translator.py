@@ -745,19 +745,19 @@ def build_translator(opt) -> Translator:
 
 
 def _compile_or_not(translator: Translator, models: list, device: str) -> None:
-    """-compile: builds (or loads) the step's programs at load (warm_up), on one thread: no
+    """-compile: builds (or loads) the model's programs at load (warm_up), on one thread: no
     OpenMP team is started before a fork (compiled_step.py). Where torch cannot export or
-    compile the step, one line says why and the step runs uncompiled."""
+    compile them, one line says why and the model runs uncompiled."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         translator.warm_up()
     except Exception as err:  # noqa: BLE001 - any failure of export or compiler: run uncompiled
         why = next((line for line in str(err).splitlines() if line.strip()), "")
-        logger.warning("-compile: torch could not compile the decoder step on %s (%s: %s): "
-                       "it runs uncompiled", device, type(err).__name__, why.strip()[:200])
+        logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
+                       "%s): they run uncompiled", device, type(err).__name__, why.strip()[:200])
         for model in models:
-            model.decoder.compiled_step = model.compiled_output = None
+            model.decoder.compiled_step = model.compiled_output = model.compiled_encoder = None
     finally:
         torch.set_num_threads(threads)
 
