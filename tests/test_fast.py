@@ -223,6 +223,9 @@ def test_the_source_programs_are_the_encoder_and_the_layers(opt, src_vocab, tgt_
             for (keys, values), layer in zip(step.memory_kv(memory), decoder.layers):
                 assert all(torch.equal(a, b) for a, b in zip((keys, values),
                                                              layer.memory_kv(memory)))
+        programs[False].max_len = 4  # a source past the position table, as the encoder says
+        with pytest.raises(ValueError, match="longer than 4 positions"):
+            programs[False](src, src_len)
 
 
 @pytest.mark.parametrize("precision", ["mixed", "bf16"])
