@@ -56,6 +56,10 @@ from onmt_lite.constants import MASKED_LOGIT
 # fast.aot_compiler)
 Builder = Callable[[nn.Module, tuple, dict, str], Callable]
 EXAMPLE_SOURCES, EXAMPLE_LENGTH, EXAMPLE_CAPACITY = 2, 3, 16
+# oneDNN keeps a kernel for every bf16 product shape it meets (~0.3 MiB each, bfloat16.py): the
+# encoder's products have B x S rows, so sources are padded to a multiple of 8 positions (a
+# lane's one-sentence arrivals: 140 MiB of kernels a lane after 1,000 sentences without it)
+SOURCE_MULTIPLE = 8
 BUILDING = threading.Lock()  # one program built at a time (threads of one process share them)
 
 
@@ -201,14 +205,20 @@ class CompiledEncoder:
 
     def __init__(self, encoder, layers: nn.ModuleList, build: Builder, bf16: bool = False):
         self.max_len = encoder.embeddings.max_len
+        self.pad = encoder.embeddings.embeddings.padding_idx or 0
         self.module = EncoderProgram(encoder, layers, bf16).eval()
         self.program = Program(build, self._make)
 
     def __call__(self, src: torch.Tensor, src_len: torch.Tensor):
-        """src (B, S), src_len (B,) -> memory (B, S, H), None (no final state)."""
-        if src.size(1) > self.max_len:
+        """src (B, S), src_len (B,) -> memory (B, S, H), None (no final state). The source is
+        padded to a multiple of SOURCE_MULTIPLE positions for the program, masked there."""
+        length = src.size(1)
+        if length > self.max_len:
             raise ValueError(f"sequence longer than {self.max_len} positions")
-        return self.program(src.contiguous(), src_len)[0], None
+        padded = min(-(-length // SOURCE_MULTIPLE) * SOURCE_MULTIPLE, self.max_len)
+        if padded > length:
+            src = nn.functional.pad(src, (0, padded - length), value=self.pad)
+        return self.program(src.contiguous(), src_len)[0][:, :length], None
 
     def _make(self) -> tuple:
         module = self.module
