@@ -203,16 +203,19 @@ MARIAN_GELU = dict(MARIAN_LIKE, pos_ffn_activation_fn="gelu", scale_embedding=Fa
                          ids=["pre-norm", "post-norm", "post-norm-gelu"])
 def test_the_source_programs_are_the_encoder_and_the_layers(opt, src_vocab, tgt_vocab):
     """-compile's encoder program and memory program (run uncompiled here: the same operations)
-    give the encoder's memory at every position of a padded batch and of a lone sentence, and
-    each decoder layer's keys and values of it; with bf16 products, the memory moves by bf16
-    rounding, not more."""
+    give the encoder's memory at every position of a padded batch and of a lone sentence (the
+    programs take sources padded to 8 positions), and each decoder layer's keys and values of
+    it; with bf16 products, the memory moves by bf16 rounding, not more."""
     model = make_model(opt, src_vocab, tgt_vocab, 4)
     decoder = fast.to_fast(model.decoder)
     step = CompiledStep(decoder, lambda program, *_: program)
     src = torch.tensor([[4, 5, 6, 7, 8], [8, 9, 4, 1, 1], [5, 1, 1, 1, 1]])  # 1: padding
     src_len = torch.tensor([5, 3, 1])
-    programs = {bf16: fast.compile_encoder(model.encoder, lambda program, *_: program, bf16)
-                for bf16 in (False, True)}
+    lengths = []  # of the sources the programs are given
+
+    def build(program, *_):
+        return lambda src, src_len: lengths.append(src.size(1)) or program(src, src_len)
+    programs = {bf16: fast.compile_encoder(model.encoder, build, bf16) for bf16 in (False, True)}
     with torch.inference_mode():
         for rows, length in ((slice(0, 3), 5), (slice(2, 3), 1)):
             expected, _ = model.encoder(src[rows, :length], src_len[rows])
@@ -223,6 +226,7 @@ def test_the_source_programs_are_the_encoder_and_the_layers(opt, src_vocab, tgt_
             for (keys, values), layer in zip(step.memory_kv(memory), decoder.layers):
                 assert all(torch.equal(a, b) for a, b in zip((keys, values),
                                                              layer.memory_kv(memory)))
+        assert lengths == [8] * 4  # padded to SOURCE_MULTIPLE: few product shapes (oneDNN)
         programs[False].max_len = 4  # a source past the position table, as the encoder says
         with pytest.raises(ValueError, match="longer than 4 positions"):
             programs[False](src, src_len)

@@ -8,6 +8,12 @@ from torch import nn
 from onmt_lite.constants import MASKED_LOGIT
 
 
+def masked_bias(mask: torch.Tensor) -> torch.Tensor:
+    """A mask (True = masked) as a bias to add to scores: MASKED_LOGIT where masked, else 0
+    (-1e18 + a score is -1e18, as masked_fill makes it)."""
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(mask, MASKED_LOGIT)
+
+
 class GlobalAttention(nn.Module):
     """Luong attention of the RNN decoder: ``dot``, ``general`` or ``mlp`` (Bahdanau) scores."""
 

@@ -44,7 +44,7 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
-from onmt_lite.models.attention import GlobalAttention
+from onmt_lite.models.attention import GlobalAttention, masked_bias
 from onmt_lite.models.compiled_step import Builder, CompiledEncoder, CompiledStep
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import (
@@ -279,8 +279,7 @@ class FastDecoderLayer(FastResidual):
     def source_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """The source mask (B, 1, 1, S), True at padding, as a bias (B, h, 1, S) to add to the
         scores inside their product: -1e18 + a score is -1e18, as masked_fill makes it."""
-        bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(mask, MASKED_LOGIT)
-        return bias.expand(-1, self.context_attn.heads, -1, -1).contiguous()
+        return masked_bias(mask).expand(-1, self.context_attn.heads, -1, -1).contiguous()
 
     def pad_source(self, entry: torch.Tensor, width: int, kind: str) -> torch.Tensor:
         """As DecoderLayer.pad_source for this layer's entries: the mask, a bias, with

@@ -191,19 +191,18 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
     bf16 = precision in ("bf16", "mixed") and not on_gpu
     if fast or compile:
         to_fast(model.decoder, compile, compile_cache, int8, bf16)
-        step = getattr(model.decoder, "compiled_step", None)
-        if step is not None:
-            model.compiled_encoder = compile_encoder(model.encoder, step.build, bf16)
+    step = getattr(model.decoder, "compiled_step", None)
+    if step is not None:
+        model.compiled_encoder = compile_encoder(model.encoder, step.build, bf16)
     if bf16:  # compiled programs make their own bf16 products
-        compiled = [part for part, program in ((model.encoder, model.compiled_encoder), (
-            model.decoder, getattr(model.decoder, "compiled_step", None))) if program is not None]
+        compiled = [model.decoder] if step is not None else []
+        compiled += [model.encoder] if model.compiled_encoder is not None else []
         to_bfloat16(model if precision == "bf16" else [model.encoder, model.decoder],
                     skip=compiled)
     if int8:
         layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
             else {nn.Linear}
         model = quantize(model, layers, int8_engine)
-    step = getattr(model.decoder, "compiled_step", None)
     if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
         model.compiled_output = CompiledOutput(model.generator, step.build)
     return model
