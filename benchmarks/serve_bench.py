@@ -17,9 +17,11 @@ with their p99 on the idle server. ``-memory_requests N`` sends N one-sentence r
 samples the server's resident memory as they go. The JSON names the CPU.
 
 ``-headline N`` measures only the targets' setting, 32 clients of one sentence, against
-translate.py and OpenNMT-py's server, the three in turn in each of N rounds (their order
-rotating): this machine's speed drifts over minutes, so each ratio is taken within a round, and
-the medians of the rounds' ratios are reported.
+translate.py and OpenNMT-py's server, in turn in each of N rounds (their order rotating): this
+machine's speed drifts over minutes, so each ratio is taken within a round, and the medians of
+the rounds' ratios are reported. Beside them, the setting's ceiling on this machine (see
+headline()): translate.py's rate with batches of 16 over its default rate, times the share of
+the CPU time the HTTP side leaves the lanes.
 
 ``-compare DIR -rounds N`` measures only the closed-loop settings, against a server started from
 another checkout of onmt_lite (an older commit: ``git worktree add DIR REV``), the two started
@@ -189,14 +191,14 @@ def rss_mib(pid: int) -> float:
     return total + sum(rss_mib(child) for child in children(pid))
 
 
-def command_line_rate(args, lines, work: str) -> float:
+def command_line_rate(args, lines, work: str, *options: str) -> float:
     src, out = os.path.join(work, "src.txt"), os.path.join(work, "out.txt")
     with open(src, "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "-model",
                            args.model, "-src", src, "-output", out, "-beam_size",
                            str(args.beam_size), "-report_time", "-no_progress",
-                           *args.decoding.split()],
+                           *args.decoding.split(), *options],
                           capture_output=True, text=True, check=True)
     seconds = float(re.search(r"Total translation time \(s\): ([\d.]+)", proc.stderr).group(1))
     return len(lines) / seconds
@@ -247,45 +249,68 @@ def measure_server(args, name: str, process, port: int, api: str, lines, setting
 
 
 def server_rate(start, args, port: int, api: str, lines, total: int, clients: int = 32,
-                per_request: int = 1) -> float:
-    """Sentences per second of ``clients`` clients of ``per_request`` sentences, on a server
-    ``start`` starts (after a warm-up)."""
+                per_request: int = 1) -> tuple:
+    """(sentences per second, the HTTP side's share of the CPU time) of ``clients`` clients of
+    ``per_request`` sentences, on a server ``start`` starts (after a warm-up). The HTTP side:
+    the server's own process and the client, against them and the server's children (the
+    lanes; OpenNMT-py's server has none: it decodes in its own process)."""
     process = start(args, port)
     try:
         asyncio.run(closed_loop(port, api, clients, per_request, lines,
                                 max(64, clients * per_request)))
-        return asyncio.run(closed_loop(port, api, clients, per_request, lines, total))[0]
+        pids = [process.pid] + children(process.pid)
+        before, client = [cpu_seconds(pid) for pid in pids], time.process_time()
+        rate = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))[0]
+        client = time.process_time() - client
+        used = [cpu_seconds(pid) - b for pid, b in zip(pids, before)]
+        return rate, (used[0] + client) / max(sum(used) + client, 1e-9)
     finally:
         process.terminate()
         process.wait()
 
 
 def headline(args, lines, work: str) -> dict:
-    """The targets' setting, round by round (see above)."""
+    """The targets' setting, round by round (see above), and its ceiling on this machine:
+    32 one-sentence clients keep at most 16 sentences a lane in flight, so the lanes decode
+    at best as translate.py's two processes decode sorted batches of 16 (``-batch_size 16``),
+    on the CPU time the HTTP side leaves them."""
+    shares = []
+
+    def onmt_lite():
+        rate, share = server_rate(start_onmt_lite, args, free_port(), "libre", lines,
+                                  args.sentences)
+        shares.append(share)
+        return rate
     measures = {
         "translate.py": lambda: command_line_rate(args, lines, work),
-        "onmt_lite": lambda: server_rate(start_onmt_lite, args, free_port(), "libre", lines,
-                                         args.sentences),
+        "translate.py -batch_size 16": lambda: command_line_rate(args, lines, work,
+                                                                 "-batch_size", "16"),
+        "onmt_lite": onmt_lite,
         "OpenNMT-py": lambda: server_rate(lambda a, port: start_onmt_py(a, port, work), args,
-                                          free_port(), "onmt", lines, args.peer_sentences)}
+                                          free_port(), "onmt", lines, args.peer_sentences)[0]}
     names, rounds = list(measures), []
     for r in range(args.headline):
-        order = names[r % 3:] + names[:r % 3]
+        order = names[r % len(names):] + names[:r % len(names)]
         rates = {name: measures[name]() for name in order}
+        rates["http_share"] = shares[-1]
+        rates["ceiling"] = rates["translate.py -batch_size 16"] / rates["translate.py"] * (
+            1 - shares[-1])
         rounds.append(rates)
         print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n]:.1f}" for n in names) +
               f" sent/s; onmt_lite {rates['onmt_lite'] / rates['translate.py']:.2f} of "
-              f"translate.py, {rates['onmt_lite'] / rates['OpenNMT-py']:.1f}x OpenNMT-py",
+              f"translate.py, {rates['onmt_lite'] / rates['OpenNMT-py']:.1f}x OpenNMT-py; "
+              f"ceiling {rates['ceiling']:.2f} (HTTP side {shares[-1]:.0%} of the CPU)",
               file=sys.stderr)
     result = {"rounds": rounds, "median_vs_translate": statistics.median(
         r["onmt_lite"] / r["translate.py"] for r in rounds), "median_vs_onmt_py":
-        statistics.median(r["onmt_lite"] / r["OpenNMT-py"] for r in rounds)}
+        statistics.median(r["onmt_lite"] / r["OpenNMT-py"] for r in rounds),
+        "median_ceiling": statistics.median(r["ceiling"] for r in rounds)}
     result.update({f"median_{n}": statistics.median(r[n] for r in rounds) for n in names})
     print(f"32 clients of one sentence, {args.headline} rounds: onmt_lite "
           f"{result['median_vs_translate']:.2f} of translate.py's rate, "
           f"{result['median_vs_onmt_py']:.1f}x OpenNMT-py's server (medians of the rounds' "
           f"ratios; rates: " + ", ".join(f"{n} {result['median_' + n]:.1f}" for n in names)
-          + " sent/s)")
+          + f" sent/s); ceiling {result['median_ceiling']:.2f} of translate.py's rate")
     return result
 
 
@@ -298,7 +323,7 @@ def compare(args, lines, settings) -> list:
             for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
                 rates[name].append(server_rate(
                     lambda a, port, root=roots[name]: start_onmt_lite(a, port, root), args,
-                    free_port(), "libre", lines, args.sentences, clients, per_request))
+                    free_port(), "libre", lines, args.sentences, clients, per_request)[0])
         ratio = statistics.median(a / b for a, b in zip(rates["this"], rates["other"]))
         rows.append({"clients": clients, "sentences_per_request": per_request, "rates": rates,
                      "median_ratio": ratio})
