@@ -219,6 +219,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def closed_loop_cpu(process, port: int, api: str, clients: int, per_request: int, lines,
+                    total: int) -> tuple:
+    """closed_loop's (rate, latencies), and the CPU seconds it took: the server's own process
+    (HTTP, JSON, queues; for OpenNMT-py, decoding too), its children (the lanes), the client."""
+    pids = [process.pid] + children(process.pid)
+    before, client = [cpu_seconds(pid) for pid in pids], time.process_time()
+    rate, latencies = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))
+    client = time.process_time() - client
+    used = [cpu_seconds(pid) - b for pid, b in zip(pids, before)]
+    return rate, latencies, used[0], sum(used[1:]), client
+
+
 def measure_server(args, name: str, process, port: int, api: str, lines, settings) -> list:
     """Each setting's rate and latencies, and the CPU time taken by the server's own process
     (HTTP, JSON, queues; for OpenNMT-py, decoding too) and by its children (the lanes)."""
@@ -226,19 +238,15 @@ def measure_server(args, name: str, process, port: int, api: str, lines, setting
     for clients, per_request in settings:
         total = args.sentences if name == "onmt_lite" else args.peer_sentences
         total = max(total, clients * per_request)
-        lanes = children(process.pid)
-        before = [cpu_seconds(pid) for pid in [process.pid] + lanes]
-        client = time.process_time()
-        rate, latencies = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))
-        client = time.process_time() - client
-        used = [cpu_seconds(pid) - b for pid, b in zip([process.pid] + lanes, before)]
+        rate, latencies, server, lanes, client = closed_loop_cpu(
+            process, port, api, clients, per_request, lines, total)
         row = {"server": name, "clients": clients, "sentences_per_request": per_request,
                "sentences": len(latencies) * per_request, "sentences_per_s": rate,
                "p50_ms": 1000 * percentile(latencies, 0.5),
                "p99_ms": 1000 * percentile(latencies, 0.99),
-               "server_cpu_ms_per_request": 1000 * used[0] / len(latencies),
+               "server_cpu_ms_per_request": 1000 * server / len(latencies),
                "client_cpu_ms_per_request": 1000 * client / len(latencies),
-               "lanes_cpu_ms_per_sentence": 1000 * sum(used[1:]) / (len(latencies) * per_request)}
+               "lanes_cpu_ms_per_sentence": 1000 * lanes / (len(latencies) * per_request)}
         rows.append(row)
         print(f"{name:10} {clients:4} clients x {per_request:2} sentences: {rate:7.1f} sent/s, "
               f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, CPU: server "
@@ -258,12 +266,9 @@ def server_rate(start, args, port: int, api: str, lines, total: int, clients: in
     try:
         asyncio.run(closed_loop(port, api, clients, per_request, lines,
                                 max(64, clients * per_request)))
-        pids = [process.pid] + children(process.pid)
-        before, client = [cpu_seconds(pid) for pid in pids], time.process_time()
-        rate = asyncio.run(closed_loop(port, api, clients, per_request, lines, total))[0]
-        client = time.process_time() - client
-        used = [cpu_seconds(pid) - b for pid, b in zip(pids, before)]
-        return rate, (used[0] + client) / max(sum(used) + client, 1e-9)
+        rate, _, server, lanes, client = closed_loop_cpu(process, port, api, clients,
+                                                         per_request, lines, total)
+        return rate, (server + client) / max(server + lanes + client, 1e-9)
     finally:
         process.terminate()
         process.wait()
@@ -274,32 +279,27 @@ def headline(args, lines, work: str) -> dict:
     32 one-sentence clients keep at most 16 sentences a lane in flight, so the lanes decode
     at best as translate.py's two processes decode sorted batches of 16 (``-batch_size 16``),
     on the CPU time the HTTP side leaves them."""
-    shares = []
-
-    def onmt_lite():
-        rate, share = server_rate(start_onmt_lite, args, free_port(), "libre", lines,
-                                  args.sentences)
-        shares.append(share)
-        return rate
-    measures = {
-        "translate.py": lambda: command_line_rate(args, lines, work),
-        "translate.py -batch_size 16": lambda: command_line_rate(args, lines, work,
-                                                                 "-batch_size", "16"),
-        "onmt_lite": onmt_lite,
+    measures = {  # each gives (sentences per second, the HTTP side's CPU share or None)
+        "translate.py": lambda: (command_line_rate(args, lines, work), None),
+        "translate.py -batch_size 16": lambda: (command_line_rate(
+            args, lines, work, "-batch_size", "16"), None),
+        "onmt_lite": lambda: server_rate(start_onmt_lite, args, free_port(), "libre", lines,
+                                         args.sentences),
         "OpenNMT-py": lambda: server_rate(lambda a, port: start_onmt_py(a, port, work), args,
-                                          free_port(), "onmt", lines, args.peer_sentences)[0]}
+                                          free_port(), "onmt", lines, args.peer_sentences)}
     names, rounds = list(measures), []
     for r in range(args.headline):
         order = names[r % len(names):] + names[:r % len(names)]
-        rates = {name: measures[name]() for name in order}
-        rates["http_share"] = shares[-1]
+        measured = {name: measures[name]() for name in order}
+        rates = {name: rate for name, (rate, _) in measured.items()}
+        share = rates["http_share"] = measured["onmt_lite"][1]
         rates["ceiling"] = rates["translate.py -batch_size 16"] / rates["translate.py"] * (
-            1 - shares[-1])
+            1 - share)
         rounds.append(rates)
         print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n]:.1f}" for n in names) +
               f" sent/s; onmt_lite {rates['onmt_lite'] / rates['translate.py']:.2f} of "
               f"translate.py, {rates['onmt_lite'] / rates['OpenNMT-py']:.1f}x OpenNMT-py; "
-              f"ceiling {rates['ceiling']:.2f} (HTTP side {shares[-1]:.0%} of the CPU)",
+              f"ceiling {rates['ceiling']:.2f} (HTTP side {share:.0%} of the CPU)",
               file=sys.stderr)
     result = {"rounds": rounds, "median_vs_translate": statistics.median(
         r["onmt_lite"] / r["translate.py"] for r in rounds), "median_vs_onmt_py":
