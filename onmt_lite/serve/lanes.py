@@ -19,6 +19,7 @@ import collections
 import copy
 import dataclasses
 import multiprocessing
+import os
 import signal
 import time
 from typing import Dict, List
@@ -28,6 +29,7 @@ import torch
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
+from onmt_lite.parent_watch import end_with_parent
 
 # Source tokens that start decoding in a lane at one step: encoding them pauses its other
 # sentences (128 tokens, four long sentences: ~10 ms on one thread, the Transformer fixture).
@@ -48,7 +50,7 @@ class Lane:
     def __init__(self, options: dict, head_start: float):
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=lane_main, args=(options, child, head_start),
+        self.process = context.Process(target=lane_main, args=(options, child, head_start, os.getpid()),
                                        daemon=True, name="onmt_lite-lane")
         self.process.start()
         child.close()
@@ -191,8 +193,9 @@ class Turns:
             self.together += seconds
 
 
-def lane_main(options: dict, conn, head_start: float) -> None:
+def lane_main(options: dict, conn, head_start: float, server: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
+    end_with_parent(server)  # even when it is killed
     torch.set_num_threads(1)
     from onmt_lite.translate.translator import build_translator  # in the child: after threads
     try:

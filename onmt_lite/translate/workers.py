@@ -16,12 +16,15 @@ over a long run.
 """
 import gc
 import multiprocessing
+import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterable, Iterator, List, Optional
 
 import torch
+
+from onmt_lite.parent_watch import end_with_parent
 
 _translator = None  # the Translator the children inherit through fork
 
@@ -30,9 +33,10 @@ class WorkerError(RuntimeError):
     """A worker process ended without its batch (killed, out of memory, crashed)."""
 
 
-def _start() -> None:
+def _start(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and ends it with SIGTERM
+    end_with_parent(parent)  # and a SIGKILL of the parent ends it too
     torch.set_num_threads(1)
 
 
@@ -61,7 +65,8 @@ class WorkerPool:
         global _translator
         _translator = self.translator
         gc.freeze()
-        self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), _start)
+        self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"),
+                                        _start, (os.getpid(),))
         self.pool.submit(int).result()  # forks every worker now (fork pools start all at once)
         return self
 
