@@ -55,6 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "api_keys", help="file of API keys, one a line: then every translation request "
                             "needs one (LibreTranslate: the api_key field; /translator/: "
                             "?api_key= or the X-API-Key header)")
+    add(g, "admin_keys", help="file of keys, one a line, for clone_model, unload_model and "
+                              "to_cpu (?api_key= or X-API-Key); with -api_keys only, those "
+                              "endpoints take the API keys")
+    g = parser.add_argument_group("Limits on models and their searches")
+    add(g, "max_models", type=integer(1), default=8,
+        help="models held at most, the configured ones and clones (never fewer than the "
+             "configured ones)")
+    add(g, "max_beam_size", type=integer(1), default=64,
+        help="beam_size (and n_best) a model's options may set at most")
+    add(g, "max_target_length", type=integer(1), default=1024,
+        help="max_length a model's options may set at most")
+    add(g, "max_batch_size", type=integer(1), default=256,
+        help="batch_size a model's options may set at most")
+    add(g, "lane_memory", type=integer(1), default=2048,
+        help="MiB of search memory one request may need in a lane; a request, clone or model "
+             "that needs more is refused naming this limit")
     return parser
 
 
@@ -81,6 +97,20 @@ def _specs(args, rest):
     return [ModelSpec(0, args.model, opt, src_lang, tgt_lang, user_opt=dict(opt), load=True)]
 
 
+def _keys(path):
+    """The keys of a file, one a line (None: no file given)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            keys = {line.strip() for line in f if line.strip()}
+    except OSError as err:
+        raise OptionError(f"{path}: cannot read: {err.strerror}") from None
+    if not keys:
+        raise OptionError(f"{path}: holds no key")
+    return keys
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -89,8 +119,9 @@ def main(argv=None) -> int:
     try:
         import uvicorn  # noqa: F401 - the serve extra
 
-        from onmt_lite.serve.app import Limits, create_app
+        from onmt_lite.serve.app import create_app
         from onmt_lite.serve.batcher import Scheduling
+        from onmt_lite.serve.limits import Limits, SearchLimits
         from onmt_lite.serve.models import Registry, default_lanes
     except ImportError as err:
         print(f"onmt_lite serve: error: {err.name} is missing: pip install 'onmt_lite[serve]'",
@@ -98,25 +129,20 @@ def main(argv=None) -> int:
         return 1
     try:
         specs = _specs(args, rest)
-        keys = None
-        if args.api_keys:
-            try:
-                with open(args.api_keys, encoding="utf-8") as f:
-                    keys = {line.strip() for line in f if line.strip()}
-            except OSError as err:
-                raise OptionError(f"{args.api_keys}: cannot read: {err.strerror}") from None
-            if not keys:
-                raise OptionError(f"{args.api_keys}: holds no key")
+        keys, admin_keys = _keys(args.api_keys), _keys(args.admin_keys)
         lanes = args.lanes or default_lanes()
+        search_limits = SearchLimits(args.max_beam_size, args.max_target_length,
+                                     args.max_batch_size, args.lane_memory, args.max_models)
+        search_limits.check_batch_size(args.batch_size, "onmt_lite serve")
         registry = Registry(specs, Scheduling(lanes, args.batch_size, args.max_queue,
                                               args.batch_wait, args.max_batches,
-                                              args.head_start))
+                                              args.head_start), search_limits)
     except OptionError as err:
         print(f"onmt_lite serve: error: {err}", file=sys.stderr)
         return 2
     limits = Limits(args.max_request_bytes, args.max_sentences, args.max_chars, args.timeout,
                     args.max_queue)
-    app = create_app(registry, limits, keys)
+    app = create_app(registry, limits, keys, admin_keys)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.drain_timeout)
     server = uvicorn.Server(config)

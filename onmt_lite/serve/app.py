@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Set
 
 from fastapi import FastAPI, Request
@@ -15,20 +14,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from onmt_lite.serve.batcher import QueueFull
 from onmt_lite.serve.config import ConfError
 from onmt_lite.serve.languages import language_name
+from onmt_lite.serve.limits import LimitError, Limits
 from onmt_lite.serve.metrics import CONTENT_TYPE_LATEST
 from onmt_lite.serve.models import ModelUnavailable, Registry, ServedModel
 
 logger = logging.getLogger("onmt_lite")
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
-
-
-@dataclass
-class Limits:
-    max_request_bytes: int = 1 << 20  # a larger body: 413
-    max_sentences: int = 128  # texts (q list items, /translator inputs) per request
-    max_chars: int = 5000  # characters per text
-    timeout: float = 60.0  # seconds a request may wait for its translations: then 503
-    max_queue: int = 1024  # sentences waiting per model: beyond, 503 with Retry-After
 
 
 class ApiError(Exception):
@@ -98,8 +89,10 @@ def _replay(messages):
 
 
 def create_app(registry: Registry, limits: Limits = Limits(),
-               api_keys: Optional[Set[str]] = None):
-    """The ASGI application serving ``registry``'s models."""
+               api_keys: Optional[Set[str]] = None, admin_keys: Optional[Set[str]] = None):
+    """The ASGI application serving ``registry``'s models. With ``api_keys``, translating needs
+    one of them; with ``admin_keys`` or ``api_keys``, the endpoints that load, clone or unload
+    models need one of ``admin_keys`` (or, with none given, of ``api_keys``)."""
     metrics = registry.metrics
     state = {"draining": False}
 
@@ -128,13 +121,18 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     app.add_middleware(Measure, metrics=metrics)
 
     # -- shared steps ---------------------------------------------------------------------
-    def check_key(key) -> None:
-        if not api_keys:
+    def check_key(key, keys=api_keys) -> None:
+        if not keys:
             return
         if key is None or key == "":
             raise ApiError(400, "an api_key is required")
-        if key not in api_keys:
+        if key not in keys:
             raise ApiError(403, "Invalid API key")
+
+    def check_admin(request: Request) -> None:
+        """The management endpoints: they change what the server holds in memory."""
+        check_key(request.query_params.get("api_key") or request.headers.get("x-api-key"),
+                  admin_keys or api_keys)
 
     async def translate(model: ServedModel, lines: List[str], n_best: int = None,
                         attention: bool = False):
@@ -151,6 +149,8 @@ def create_app(registry: Registry, limits: Limits = Limits(),
                            {"Retry-After": "5"}) from None
         except ModelUnavailable as err:
             raise ApiError(503, str(err)) from None
+        except LimitError as err:
+            raise ApiError(400, str(err)) from None
 
     def check_texts(texts: list, what: str) -> None:
         if len(texts) > limits.max_sentences:
@@ -212,15 +212,19 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     async def onmt_health():
         return {"status": "ok"}
 
-    @app.get("/translator/unload_model/{model_id}", tags=["OpenNMT-py"])
-    async def onmt_unload(model_id: str):
+    @app.get("/translator/unload_model/{model_id}", tags=["OpenNMT-py"],
+             summary="Unload a model (a clone is removed); an admin key with keys configured")
+    async def onmt_unload(model_id: str, request: Request):
+        check_admin(request)
         model = onmt_model(_int(model_id))
-        await asyncio.to_thread(model.unload)
+        await asyncio.to_thread(registry.unload, model.id)
         return {"model_id": model.id, "status": "ok"}
 
     @app.post("/translator/clone_model/{model_id}", tags=["OpenNMT-py"],
-              summary="A copy of a model with other options: body {opt, timeout}")
+              summary="A copy of a model with other options: body {opt, timeout} (an admin key "
+                      "with keys configured; at most -max_models models)")
     async def onmt_clone(model_id: str, request: Request):
+        check_admin(request)
         model = onmt_model(_int(model_id))
         data = await json_body(request)
         if not isinstance(data, dict):
@@ -232,12 +236,13 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             raise ApiError(400, "timeout must be a number of seconds (-1: never)")
         try:
             clone = await asyncio.to_thread(registry.clone, model.id, opt, float(timeout))
-        except (ConfError, ModelUnavailable) as err:
+        except (ConfError, LimitError, ModelUnavailable) as err:
             raise ApiError(400, str(err)) from None
         return {"status": "ok", "model_id": clone.id, "load_time": clone.load_time}
 
     @app.get("/translator/to_cpu/{model_id}", tags=["OpenNMT-py"])
-    async def onmt_to_cpu(model_id: str):
+    async def onmt_to_cpu(model_id: str, request: Request):
+        check_admin(request)
         model = onmt_model(_int(model_id))  # models are served on the CPU: nothing to move
         return {"model_id": model.id, "status": "ok"}
 

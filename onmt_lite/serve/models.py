@@ -16,6 +16,7 @@ from onmt_lite.cli.options import config_value
 from onmt_lite.cli.translate import build_parser
 from onmt_lite.serve.batcher import Batcher, Scheduling, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
+from onmt_lite.serve.limits import LimitError, SearchLimits, SearchShape
 from onmt_lite.serve.metrics import Metrics
 from onmt_lite.translate.translator import build_translator
 
@@ -68,12 +69,16 @@ def translate_options(spec: ModelSpec) -> argparse.Namespace:
 class ServedModel:
     """One model of the server. ``state``: unloaded, loading, ready or failed (``error``)."""
 
-    def __init__(self, spec: ModelSpec, scheduling: Scheduling = Scheduling(), metrics=None):
-        self.spec, self.metrics = spec, metrics
+    def __init__(self, spec: ModelSpec, scheduling: Scheduling = Scheduling(), metrics=None,
+                 limits: SearchLimits = SearchLimits()):
+        self.spec, self.metrics, self.limits = spec, metrics, limits
         self.options = translate_options(spec)  # refused here, at start-up, not at a request
+        limits.check_options(self.options, spec.describe())
         batch_size = spec.opt.get("batch_size", scheduling.batch_size)  # OpenNMT-py's opt
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfError(f"{spec.describe()}: batch_size must be a positive integer")
+        limits.check_batch_size(batch_size, spec.describe())
+        self.shape: Optional[SearchShape] = None  # the search's sizes, once loaded
         self.scheduling = dataclasses.replace(scheduling, batch_size=batch_size)
         self.report_align = bool(spec.opt.get("report_align", False))
         self.state, self.error, self.load_time = "unloaded", "", 0.0
@@ -105,7 +110,9 @@ class ServedModel:
                 options = dict(vars(self.options), keep_attention=self.options.replace_unk,
                                inter_threads=1, workers=1)
                 translator = build_translator(options)  # here: checked, and the tokenizer
+                self.shape = SearchShape.of(translator.model)
                 translator.model = None  # the lanes decode, each with its own copy
+                self._check_memory([1])  # a one-token sentence fits
                 self.batcher = Batcher(options, self.scheduling, self._on_batch)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
@@ -164,6 +171,7 @@ class ServedModel:
         tokens = [translator.source_tokens(line, number) for number, line in
                   enumerate(lines, 1)]
         todo = [i for i, toks in enumerate(tokens) if not translator.empty_source(toks)]
+        self._check_memory([len(tokens[i]) for i in todo])
         try:
             futures = batcher.submit([tokens[i] for i in todo], Settings(n_best, attention))
         except Stopped as err:
@@ -188,6 +196,17 @@ class ServedModel:
             self.metrics.sentences(self.id, len(lines))
         return results
 
+    def _check_memory(self, lengths: List[int]) -> None:
+        """Raises LimitError when sentences of sources ``lengths`` tokens long would need more
+        search memory than a lane may use for one request (serve -lane_memory)."""
+        if self.shape is None or not lengths:
+            return
+        opt = self.options
+        target = opt.max_length if opt.max_length_ratio <= 0 else int(min(
+            opt.max_length, max(lengths) * opt.max_length_ratio + 5))
+        self.limits.check_memory(self.shape, opt.beam_size, lengths, target,
+                                 self.scheduling.batch_size, self.spec.describe())
+
     def describe(self) -> dict:
         """GET /translator/models' entry, as OpenNMT-py's server gives it."""
         entry = {"model_id": self.id, "opt": self.spec.user_opt,
@@ -203,17 +222,23 @@ class ServedModel:
 
 
 class Registry:
-    """The server's models by id."""
+    """The server's models by id: the configured ones and their clones, at most
+    ``limits.max_models`` in all (never fewer than the configured ones)."""
 
-    def __init__(self, specs: List[ModelSpec], scheduling: Scheduling = Scheduling()):
-        self.scheduling = scheduling
+    def __init__(self, specs: List[ModelSpec], scheduling: Scheduling = Scheduling(),
+                 limits: SearchLimits = SearchLimits()):
+        self.scheduling, self.limits = scheduling, limits
         self.metrics = Metrics(self.queued)
         self.models: Dict[int, ServedModel] = {}
         for spec in specs:
             self.models[spec.id] = self._served(spec)
+        self.configured = set(self.models)
+        self.lock = threading.Lock()  # clones and their removal
+        self.cloning = 0  # clones loading
+        self.next_id = max(self.models, default=-1) + 1  # a removed clone's id is never reused
 
     def _served(self, spec: ModelSpec) -> ServedModel:
-        return ServedModel(spec, self.scheduling, self.metrics)
+        return ServedModel(spec, self.scheduling, self.metrics, self.limits)
 
     def queued(self) -> int:
         return sum(model.queued() for model in self.models.values())
@@ -241,15 +266,36 @@ class Registry:
         opt = check_opt(opt, f"clone of {base.spec.describe()}")
         merged = {k: v for k, v in base.spec.opt.items() if k not in base.spec.user_opt}
         merged.update(opt)  # the tokenizer's transform options stay
-        new_id = max(self.models) + 1
-        spec = ModelSpec(new_id, base.spec.path, merged, base.spec.src_lang, base.spec.tgt_lang,
-                         timeout, base.spec.on_timeout, True, base.spec.tokenizer, dict(opt))
-        model = self._served(spec)
-        model.load()
-        if model.state == "failed":
-            raise ModelUnavailable(model.error)
-        self.models[new_id] = model
+        with self.lock:
+            bound = max(self.limits.max_models, len(self.configured))
+            if len(self.models) + self.cloning >= bound:
+                raise LimitError(f"the server holds {len(self.models) + self.cloning} models, "
+                                 f"its limit (-max_models {bound}): unload a clone first")
+            new_id, self.next_id = self.next_id, self.next_id + 1
+            self.cloning += 1
+        try:
+            spec = ModelSpec(new_id, base.spec.path, merged, base.spec.src_lang,
+                             base.spec.tgt_lang, timeout, base.spec.on_timeout, True,
+                             base.spec.tokenizer, dict(opt))
+            model = self._served(spec)  # its options checked against the limits
+            model.load()
+            if model.state == "failed":
+                raise ModelUnavailable(model.error)
+            with self.lock:
+                self.models[new_id] = model
+        finally:
+            with self.lock:
+                self.cloning -= 1
         return model
+
+    def unload(self, model_id: int) -> None:
+        """Unloads a model; a clone is removed too (a configured model stays listed, and loads
+        again at its next request)."""
+        model = self.models[model_id]
+        model.unload()
+        if model_id not in self.configured:
+            with self.lock:
+                self.models.pop(model_id, None)
 
     def stop(self) -> None:
         for model in self.models.values():
