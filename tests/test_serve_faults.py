@@ -90,3 +90,126 @@ def test_a_request_needing_more_search_memory_than_a_lane_may_use_is_refused_fir
         assert refused.status_code == 400 and "-lane_memory" in refused.json()["error"]
         assert "onmt_lite_batch_size_count" not in c.get("/metrics").text  # no batch started
         assert c.post("/translate", json={**ask, "q": DEMO[:2]}).status_code == 200
+
+
+# -- lanes that die, sentences that kill them, requests abandoned --------------------------------
+@pytest.fixture(scope="module")
+def translator():
+    from onmt_lite.translate.translator import build_translator
+    return build_translator({"model": MODEL, "max_length_ratio": 0})
+
+
+def lane_holding(batcher, tokens):
+    """The lane decoding a sentence of ``tokens`` (None: none does)."""
+    with batcher.changed:
+        for lane in batcher.lanes:
+            if any(job.tokens == tokens and not job.over
+                   for batch, _ in lane.active.values() for job in batch):
+                return lane
+    return None
+
+
+def test_a_lane_that_dies_loses_no_request_and_is_replaced(translator, caplog):
+    """16 clients, one-sentence requests, a lane SIGKILLed mid-run: every answer is the
+    translator's own, the lane is replaced, the log and /metrics say so."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    lines = [f"{line} {extra}" for extra in ("", "Then it rains.", "Two dogs run.")
+             for line in DEMO] * 4
+    expected = {line: t.output_lines()[0] for line, t in zip(lines, translator.translate(lines))}
+    registry, client = serving(lanes=2, opt={"max_length_ratio": 0})
+    with client as c:
+        batcher = registry.get(0).batcher
+        first = batcher.lanes[0]
+        threading.Timer(0.8, first.process.kill).start()
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda line: c.post("/translate", json={
+                "q": line, "source": "en", "target": "de"}), lines))
+        assert [a.status_code for a in answers] == [200] * len(lines)
+        assert [a.json()["translatedText"] for a in answers] == [expected[x] for x in lines]
+        deadline = time.monotonic() + 60
+        while len(batcher.lanes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(batcher.lanes) == 2 and first not in batcher.lanes
+        assert first.process.exitcode == -9  # reaped, not a zombie
+        assert 'onmt_lite_lane_restarts_total{model="0"} 1.0' in c.get("/metrics").text
+        assert c.post("/translate", json={"q": DEMO[0], "source": "en", "target": "de"}
+                      ).json()["translatedText"] == translator.translate([DEMO[0]])[0] \
+            .output_lines()[0]
+    assert "a lane process ended (killed by SIGKILL)" in caplog.text
+
+
+def test_a_sentence_that_kills_every_lane_it_reaches_fails_alone(translator):
+    """A sentence whose lane dies each time it decodes (here: killed from outside whenever a
+    lane holds it) fails after two lanes, decoded alone the second time; the sentences that
+    shared its batch get their translations, and the model serves on."""
+    import threading
+    import time
+
+    from onmt_lite.serve.batcher import Batcher, SentenceFailed, Settings
+    options = {"model": MODEL, "max_length_ratio": 0, "keep_attention": False}
+    batcher = Batcher(options, Scheduling(lanes=2))
+    poison = translator.source_tokens(" ".join(DEMO * 3), 1)
+    others = [translator.source_tokens(line, 1) for line in DEMO[:5]]
+    kills, done = [], threading.Event()
+
+    def killer():
+        while not done.is_set():
+            lane = lane_holding(batcher, poison)
+            if lane is not None and lane.process.is_alive():
+                kills.append(lane.process.pid)
+                lane.process.kill()
+                lane.process.join()
+            time.sleep(0.002)
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        futures = batcher.submit([poison] + others, Settings(1))
+        with pytest.raises(SentenceFailed, match="ended 2 lane processes.*alone"):
+            futures[0].result(timeout=120)
+        assert [f.result(timeout=120)[0][0] for f in futures[1:]] == \
+            [t.output_lines()[0] for t in translator.translate(DEMO[:5])]
+        assert len(kills) == 2
+        done.set()
+        again = batcher.submit([others[0]], Settings(1))
+        assert again[0].result(timeout=120)[0][0] == \
+            translator.translate(DEMO[:1])[0].output_lines()[0]
+    finally:
+        done.set()
+        thread.join()
+        batcher.stop()
+
+
+def test_abandoned_sentences_leave_the_queue_and_their_lanes_search(translator):
+    """One lane decodes a long batch; its client goes: the lane stops that search at once (its
+    batch ends long before it would have), and sentences still queued never decode."""
+    import time
+
+    from onmt_lite.serve.batcher import Batcher, Settings
+    options = {"model": MODEL, "max_length_ratio": 0, "keep_attention": False}
+    batcher = Batcher(options, Scheduling(lanes=1, max_batches=1, batch_size=16))
+    try:
+        long = translator.source_tokens(" ".join(DEMO * 2), 1)
+        alone = batcher.submit([long], Settings(1))[0].result(timeout=120)  # warm
+        start = time.monotonic()
+        for future in batcher.submit([long] * 16, Settings(1)):
+            future.result(timeout=120)
+        whole = time.monotonic() - start  # the batch decoded to its end
+        decoding = batcher.submit([long] * 16, Settings(1))
+        queued = batcher.submit([long] * 16, Settings(1))  # waits: one batch a lane
+        time.sleep(0.2)
+        lane = batcher.lanes[0]
+        assert len(lane.active) == 1 and batcher.queued() == 16
+        start = time.monotonic()
+        batcher.abandon(decoding + queued)
+        assert batcher.queued() == 0 and all(f.cancelled() or f.exception() for f in
+                                             decoding + queued)
+        while lane.active and time.monotonic() - start < 60:
+            time.sleep(0.005)
+        dropped = time.monotonic() - start
+        assert not lane.active and batcher.running == 0
+        assert dropped < whole / 4, (dropped, whole)  # at the lane's next step, not at its end
+        assert batcher.submit([long], Settings(1))[0].result(timeout=120) == alone
+    finally:
+        batcher.stop()

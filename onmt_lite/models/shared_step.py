@@ -146,6 +146,15 @@ class Searches:
         """Starts ``steps``: it runs to its first request (the encoder runs here)."""
         return self._advance([[tag, steps, None]], [None])
 
+    def remove(self, tag) -> None:
+        """Stops the search ``tag`` (its sentences are no longer wanted); what was offered to
+        it and not taken is dropped too."""
+        for search in [s for s in self.running if s[0] is tag]:
+            self.running.remove(search)
+            search[1].close()
+        self.joining.discard(tag)
+        self.offers.pop(tag, None)
+
     def step(self, only: Optional[Callable[[object], bool]] = None) -> List[tuple]:
         """Runs every search's request (or those whose tag ``only`` accepts), together, and
         each of those searches on to its next request."""

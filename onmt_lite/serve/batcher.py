@@ -15,6 +15,12 @@ takes steps alone there (lanes.Turns), so it waits for no fuller batch.
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
 ``-max_length_ratio`` (the batch's longest source x ratio + 5).
+
+A lane that dies (killed, out of memory, crashed) is replaced after a back-off, and the sentences
+it held are decoded again: each then alone, on a lane that decodes nothing else, so that a
+sentence that ends a lane of its own doing is found; one that has ended two lanes fails with an
+error that says so, and the others go on. A request whose client has gone is dropped: its
+sentences that wait leave the queue, those that decode are dropped by their lane (lanes.py).
 """
 import collections
 import dataclasses
@@ -23,12 +29,19 @@ import logging
 import math
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Callable, Deque, List, Optional
 
 from onmt_lite.serve.lanes import Lane, LaneError, short_beside
 
 logger = logging.getLogger("onmt_lite")
+
+# Lanes that end within RESTART_WINDOW seconds of each other double the wait before the next
+# restart, from RESTART_DELAY up to MAX_RESTART_DELAY seconds: a lane that dies at once (a broken
+# machine) is not restarted in a loop.
+RESTART_DELAY, MAX_RESTART_DELAY, RESTART_WINDOW = 0.25, 30.0, 60.0
+# Lanes a sentence may end before it fails (the last time decoded alone).
+MAX_LANE_DEATHS = 2
 
 
 class QueueFull(Exception):
@@ -44,6 +57,11 @@ class Stopped(Exception):
     sentence ran."""
 
 
+class SentenceFailed(RuntimeError):
+    """A sentence that could not be decoded: its search raised, or it ended MAX_LANE_DEATHS
+    lanes. The message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What a request may choose per sentence; sentences share a batch only with equal ones."""
@@ -51,12 +69,14 @@ class Settings:
     attention: bool = False  # keep each hypothesis' attention (the web page's picture)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Job:
     tokens: List[str]
     settings: Settings
     future: Future  # its result: (texts, scores, target tokens, attention rows)
     queued: float
+    deaths: int = 0  # lanes that ended while decoding it: then it decodes alone
+    over: bool = False  # answered, failed or dropped (by whichever thread came first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,29 +104,45 @@ class Batcher:
     Args:
         options: build_translator's options; each lane process builds its translator from them.
         on_batch: called with each batch's size and the seconds its sentences waited.
+        on_restart: called when a lane that died has been replaced.
     Raises LaneError when a lane does not start.
     """
 
     def __init__(self, options: dict, scheduling: Scheduling = Scheduling(),
-                 on_batch: Optional[Callable[[int, List[float]], None]] = None):
+                 on_batch: Optional[Callable[[int, List[float]], None]] = None,
+                 on_restart: Optional[Callable[[], None]] = None):
+        self.options, self.head_start = options, scheduling.head_start
         self.batch_size, self.max_queue = scheduling.batch_size, scheduling.max_queue
         self.batch_wait, self.max_batches = scheduling.batch_wait, scheduling.max_batches
-        self.on_batch = on_batch
+        self.on_batch, self.on_restart = on_batch, on_restart
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()
         self.stopping = False
+        self.stopped = threading.Event()  # wakes restarts waiting out their back-off
         self.running = 0  # sentences being decoded
         # (time, sentences) of recent answers: their clients' next requests are on their way
         self.answered: Deque[tuple] = collections.deque(maxlen=64)
         self.rate = 0.0  # sentences per second, a moving average (for Retry-After)
         self.ids = itertools.count()
-        self.lanes = [Lane(options, scheduling.head_start) for _ in range(scheduling.lanes)]
-        self.threads = []
-        for lane in self.lanes:
-            for target in (self._feed, self._collect):
-                thread = threading.Thread(target=target, args=(lane,), daemon=True)
-                thread.start()
-                self.threads.append(thread)
+        self.deaths: Deque[float] = collections.deque(maxlen=16)  # when lanes died
+        self.restarting: List[threading.Thread] = []
+        self.threads: List[tuple] = []  # (feeder, collector) of each lane
+        self.lanes: List[Lane] = []
+        try:
+            for _ in range(scheduling.lanes):
+                self._add(Lane(options, self.head_start))
+        except LaneError:
+            self.stop(drain=False)
+            raise
+
+    def _add(self, lane: Lane) -> None:
+        """Serves ``lane``: a thread feeds it batches, another collects its results."""
+        self.lanes.append(lane)
+        threads = tuple(threading.Thread(target=target, args=(lane,), daemon=True)
+                        for target in (self._feed, self._collect))
+        for thread in threads:
+            thread.start()
+        self.threads.append(threads)
 
     # -- the request side -----------------------------------------------------------------
     def submit(self, sentences: List[List[str]], settings: Settings) -> List[Future]:
@@ -114,7 +150,7 @@ class Batcher:
         QueueFull, or Stopped once the batcher stops."""
         futures = [Future() for _ in sentences]
         with self.changed:
-            if self.stopping or not self.lanes:
+            if self.stopping or not (self.lanes or self.restarting):
                 raise Stopped("the model is stopping")
             if len(self.pending) + len(sentences) > self.max_queue:
                 raise QueueFull(self.retry_after())
@@ -123,6 +159,31 @@ class Batcher:
                                 for tokens, future in zip(sentences, futures))
             self.changed.notify_all()
         return futures
+
+    def abandon(self, futures: List[Future]) -> None:
+        """Drops the sentences of ``futures`` (their client has gone): those waiting leave the
+        queue; their lanes drop those that decode (where its search allows, their rows stop)."""
+        gone = set(futures)
+        drops = []
+        with self.changed:
+            dropped = [job for job in self.pending if job.future in gone]
+            self.pending = collections.deque(job for job in self.pending
+                                             if job.future not in gone)
+            for job in dropped:
+                job.over = True
+            for lane in self.lanes:
+                for batch_id, (batch, _) in lane.active.items():
+                    places = [i for i, job in enumerate(batch)
+                              if job.future in gone and _claim(job)]
+                    if places:
+                        drops.append((lane, batch_id, places))
+                        dropped.extend(batch[i] for i in places)
+                        self.running -= len(places)
+            self.changed.notify_all()
+        for job in dropped:
+            _settle(job.future, error=CancelledError())
+        for lane, batch_id, places in drops:
+            lane.drop(batch_id, places)
 
     def retry_after(self) -> int:
         """Seconds until the waiting sentences are likely done, at the recent rate."""
@@ -140,25 +201,33 @@ class Batcher:
             if not drain:
                 self._fail_pending(Stopped("the model stopped"))
             self.changed.notify_all()
-        for thread in self.threads[::2]:  # the feeders: the queue is empty
+        self.stopped.set()
+        for thread in list(self.restarting):
             thread.join()
+        for feeder, _ in self.threads:  # the queue is empty
+            feeder.join()
         for lane in list(self.lanes):
             lane.stop()
-        for thread in self.threads[1::2]:
-            thread.join()
+        for _, collector in self.threads:
+            collector.join()
 
     def _fail_pending(self, error: Exception) -> None:
         while self.pending:
             job = self.pending.popleft()
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(error)
+            job.over = True
+            _settle(job.future, error=error)
 
     # -- each lane: a thread that feeds it, a thread that collects its results ----------------
     def _admissible(self, lane: Lane, now: float) -> Optional[float]:
         """0 when ``lane`` may take sentences now; else seconds to wait at most (None: until
-        something changes)."""
+        something changes). A sentence that was on a lane that died decodes alone, on a lane
+        that decodes nothing else."""
         if not self.pending:
             return 0 if self.stopping else None
+        if _decodes_alone(lane) or (self.pending[0].deaths and lane.active):
+            return None
+        if self.pending[0].deaths:
+            return 0
         if self.stopping or len(self.pending) >= self.batch_size:
             return 0 if len(lane.active) < self.max_batches else None
         waited = now - self.pending[0].queued
@@ -183,30 +252,39 @@ class Batcher:
             len(job.tokens) for batch, _ in lane.active.values() for job in batch
             if not job.future.done()])
 
-    def _take(self, lane: Lane) -> List[Job]:
-        """The next batch for ``lane`` (see _admissible); [] once stopped and drained."""
+    def _take(self, lane: Lane) -> tuple:
+        """The next batch for ``lane`` (see _admissible) and its id, now among the lane's
+        active ones; (None, []) once stopped and drained, or once the lane has ended."""
         with self.changed:
             while True:
                 if lane not in self.lanes:
-                    return []
+                    return None, []
                 wait = self._admissible(lane, time.monotonic())
                 if wait == 0:
                     if not self.pending:
-                        return []  # stopping, nothing left
+                        return None, []  # stopping, nothing left
                     batch = self._batch()
                     if batch:
-                        return batch
+                        batch_id = next(self.ids)
+                        lane.active[batch_id] = (batch, time.monotonic())
+                        return batch_id, batch
                     continue
                 self.changed.wait(wait)
 
     def _batch(self) -> List[Job]:
         """The oldest waiting sentence and others of its settings and a similar length (at
-        most twice as long or short: a short sentence's batch never waits for long ones)."""
+        most twice as long or short: a short sentence's batch never waits for long ones); a
+        sentence that was on a lane that died, alone."""
         settings, length = self.pending[0].settings, len(self.pending[0].tokens)
+        if self.pending[0].deaths:
+            batch = [self.pending.popleft()]
+            self.running += 1
+            return batch
         batch, others = [], collections.deque()
         while self.pending and len(batch) < self.batch_size:
             job = self.pending.popleft()
-            if job.settings != settings or not length <= 2 * len(job.tokens) <= 4 * length:
+            if job.settings != settings or not length <= 2 * len(job.tokens) <= 4 * length \
+                    or job.deaths:
                 others.append(job)
             elif job.future.set_running_or_notify_cancel():  # not cancelled (timed out)
                 batch.append(job)
@@ -216,12 +294,9 @@ class Batcher:
 
     def _feed(self, lane: Lane) -> None:
         while True:
-            batch = self._take(lane)
+            batch_id, batch = self._take(lane)
             if not batch:
                 return
-            batch_id = next(self.ids)
-            with self.changed:  # (its jobs, when it started)
-                lane.active[batch_id] = (batch, time.monotonic())
             settings = batch[0].settings
             try:
                 lane.send(batch_id, [job.tokens for job in batch], settings.n_best,
@@ -235,52 +310,138 @@ class Batcher:
         while True:
             try:
                 message = lane.receive()
-            except LaneError as err:
-                self._lane_ended(lane, err)
+            except LaneError:
+                self._lane_ended(lane)
                 return
             if message[0] == "sentence":  # answered as soon as it ends
                 _, batch_id, index, result = message
+                job = lane.active[batch_id][0][index]
                 with self.changed:
-                    self.running -= 1
-                    self.answered.append((time.monotonic(), 1))
-                    self.changed.notify_all()
-                lane.active[batch_id][0][index].future.set_result(result)
+                    answer = _claim(job)
+                    if answer:
+                        self.running -= 1
+                        self.answered.append((time.monotonic(), 1))
+                        self.changed.notify_all()
+                if answer:
+                    _settle(job.future, result)
                 continue
             kind, batch_id, payload = message
             with self.changed:
                 batch, started = lane.active.pop(batch_id)
-                left = [job for job in batch if not job.future.done()]
+                left = [job for job in batch if _claim(job)]
                 self.running -= len(left)
                 rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
                 self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
                 if left:
                     self.answered.append((time.monotonic(), len(left)))
                 self.changed.notify_all()
+            if kind != "done" and left:
+                logger.error("a batch of %d sentences failed: %s", len(batch), payload)
             for i, job in enumerate(batch):
-                if job.future.done():
+                if job not in left:
                     continue
                 if kind == "done":
-                    job.future.set_result(payload[i])
+                    _settle(job.future, payload[i])
                 else:
-                    logger.error("a batch of %d sentences failed: %s", len(batch), payload)
-                    job.future.set_exception(RuntimeError(payload))
+                    _settle(job.future, error=SentenceFailed(payload))
 
-    def _lane_ended(self, lane: Lane, err: LaneError) -> None:
-        """A lane that ends fails its batches; when it ended unasked, the queue too if no lane
-        is left."""
+    def _lane_ended(self, lane: Lane) -> None:
+        """A lane that ends unasked is replaced (after a back-off) and the sentences it held
+        decode again, each alone; those that have ended MAX_LANE_DEATHS lanes fail."""
+        how = lane.ended()
         with self.changed:
             if lane in self.lanes:
                 self.lanes.remove(lane)
-            lost = [[job for job in batch if not job.future.done()]
-                    for batch, _ in lane.active.values()]
+            held = [job for batch, _ in lane.active.values() for job in batch if not job.over]
             lane.active.clear()
-            for batch in lost:
-                self.running -= len(batch)
-            if not self.stopping:
-                logger.error("%s", err)
-                if not self.lanes:
-                    self._fail_pending(Stopped(str(err)))
+            self.running -= len(held)
+            if self.stopping:
+                failed, retried = held, []
+            else:
+                for job in held:
+                    job.deaths += 1
+                failed = [job for job in held if job.deaths >= MAX_LANE_DEATHS]
+                retried = [job for job in held if job.deaths < MAX_LANE_DEATHS]
+                self.pending.extendleft(reversed(retried))
+                self._restart_later()
+            for job in failed:
+                job.over = True
             self.changed.notify_all()
-        for batch in lost:
-            for job in batch:
-                job.future.set_exception(Stopped(str(err)))
+        if self.stopping:
+            for job in failed:
+                _settle(job.future, error=Stopped(f"the lane process ended ({how})"))
+            return
+        logger.error("a lane process ended (%s) while decoding %d sentences: %d decode again, "
+                     "each alone; %d failed", how, len(held), len(retried), len(failed))
+        for job in failed:
+            _settle(job.future, error=SentenceFailed(
+                f"the sentence ended {job.deaths} lane processes, the last time decoded alone "
+                f"({how}): not retried"))
+
+    def _restart_later(self) -> None:
+        """Starts a thread that replaces an ended lane after the back-off (called locked)."""
+        now = time.monotonic()
+        self.deaths.append(now)
+        recent = sum(1 for t in self.deaths if now - t < RESTART_WINDOW)
+        delay = min(MAX_RESTART_DELAY, RESTART_DELAY * 2 ** (recent - 1))
+        thread = threading.Thread(target=self._restart, args=(delay,), daemon=True)
+        self.restarting.append(thread)
+        thread.start()
+
+    def _restart(self, delay: float) -> None:
+        try:
+            if self.stopped.wait(delay):
+                return
+            try:
+                lane = Lane(self.options, self.head_start)
+            except LaneError as err:
+                logger.error("a lane did not restart: %s", err)
+                with self.changed:
+                    if not self.stopping:
+                        self._restart_later()
+                return
+            with self.changed:
+                if not self.stopping:
+                    self._add(lane)
+                    self.changed.notify_all()
+                    lane = None
+            if lane is not None:
+                lane.stop()  # the model stopped meanwhile
+                return
+            logger.info("a lane restarted (%d lanes)", len(self.lanes))
+            if self.on_restart is not None:
+                self.on_restart()
+        finally:
+            with self.changed:
+                self.restarting.remove(threading.current_thread())
+                if not self.lanes and not self.restarting:
+                    self._fail_pending(Stopped("no lane is left"))
+                self.changed.notify_all()
+
+
+def _claim(job: Job) -> bool:
+    """Whether this thread answers ``job`` (called locked): only the first that asks does."""
+    if job.over:
+        return False
+    job.over = True
+    return True
+
+
+def _decodes_alone(lane: Lane) -> bool:
+    """Whether ``lane`` decodes a sentence that was on a lane that died (it takes no other)."""
+    return any(job.deaths for batch, _ in lane.active.values() for job in batch)
+
+
+def _settle(future: Future, result=None, error: Optional[BaseException] = None) -> None:
+    """Sets a sentence's result or error, unless it has one (its client has gone)."""
+    if future.done():
+        return
+    if not future.running() and not future.set_running_or_notify_cancel():
+        return  # cancelled while waiting
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # noqa: BLE001 - settled meanwhile by another thread
+        pass

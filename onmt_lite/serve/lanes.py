@@ -21,6 +21,7 @@ import dataclasses
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from typing import Dict, List
 
@@ -55,6 +56,7 @@ class Lane:
         self.process.start()
         child.close()
         self.active = {}  # batch id -> its jobs (the batches this lane decodes)
+        self.sending = threading.Lock()  # batches and drops come from different threads
         try:
             message = self.conn.recv()
         except EOFError:
@@ -64,7 +66,30 @@ class Lane:
             raise LaneError(message[1])
 
     def send(self, batch_id: int, tokens: List[List[str]], n_best: int, attention: bool):
-        self.conn.send(("batch", batch_id, tokens, n_best, attention))
+        with self.sending:
+            self.conn.send(("batch", batch_id, tokens, n_best, attention))
+
+    def drop(self, batch_id: int, indices: List[int]) -> None:
+        """Asks the lane to drop sentences of a batch (their client has gone): it sends no
+        result for them, and stops a search once every sentence it decodes is dropped."""
+        try:
+            with self.sending:
+                self.conn.send(("drop", batch_id, indices))
+        except (BrokenPipeError, OSError):
+            pass  # it has ended: the collector says so
+
+    def ended(self) -> str:
+        """How the lane process ended (it is reaped here): its exit status or signal."""
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     def receive(self):
         """("sentence", batch id, index, result) as each sentence ends; then ("done", batch id,
@@ -73,13 +98,13 @@ class Lane:
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            raise LaneError(f"the lane process ended (exit status {self.process.exitcode})") \
-                from None
+            raise LaneError("the lane process ended") from None
 
     def stop(self) -> None:
         """Asks the lane to finish its batches and end; waits for it."""
         try:
-            self.conn.send(("stop",))
+            with self.sending:
+                self.conn.send(("stop",))
         except (BrokenPipeError, OSError):
             pass
         self.process.join(60)
@@ -212,6 +237,9 @@ def lane_main(options: dict, conn, head_start: float, server: int) -> None:
             if message[0] == "stop":
                 stopping = True
                 break
+            if message[0] == "drop":
+                lane.drop(conn, *message[1:])
+                continue
             _, batch_id, tokens, n_best, attention = message
             order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
             ordered = [tokens[i] for i in order]
@@ -239,6 +267,7 @@ class _LaneSearches:
         self.searches = Searches()
         self.open = {}  # (n_best, attention) -> the search that batches of those settings join
         self.waiting = collections.deque()  # chunks to start, a step's worth at a time
+        self.batches: Dict[int, _Batch] = {}  # by id, until their end is sent
 
     def busy(self) -> bool:
         return bool(self.searches) or bool(self.waiting)
@@ -247,6 +276,7 @@ class _LaneSearches:
         """Starts ``batch`` (its sentences' tokens ``ordered`` as its ``order``), or queues
         its chunks to join a search."""
         key = (n_best, batch.attention)
+        self.batches[batch.id] = batch
         if key not in self.variants:
             self.variants[key] = _variant(self.translator, n_best, batch.attention)
             self.joinable[key] = self.variants[key].joinable()
@@ -332,18 +362,44 @@ class _LaneSearches:
                 for batch in search.batches():
                     if not batch.over:
                         batch.over = True
+                        del self.batches[batch.id]
                         conn.send(("error", batch.id, f"{type(value).__name__}: {value}"))
                 self.waiting = collections.deque(c for c in self.waiting if not c.batch.over)
 
-    @staticmethod
-    def _sentence(conn, batch: _Batch, place: int, translation) -> None:
-        if batch.over:  # its batch failed
+    def _sentence(self, conn, batch: _Batch, place: int, translation) -> None:
+        if batch.over or place in batch.sent:  # its batch failed, or it was dropped
             return
         batch.sent.add(place)
         conn.send(("sentence", batch.id, batch.order[place], _result(batch, translation)))
-        if len(batch.sent) == len(batch.order):
+        self._end_if_answered(conn, batch)
+
+    def _end_if_answered(self, conn, batch: _Batch) -> None:
+        if len(batch.sent) == len(batch.order) and not batch.over:
             batch.over = True
+            del self.batches[batch.id]
             conn.send(("done", batch.id, [None] * len(batch.order)))
+
+    def drop(self, conn, batch_id: int, indices: List[int]) -> None:
+        """Drops sentences ``indices`` of batch ``batch_id`` (their client has gone): no result
+        is sent for them; chunks of dropped sentences only do not start, and a search whose
+        every sentence still decoding is dropped stops (one that has sentences offered to it,
+        not taken yet, runs on: the rows of a running search are its own to remove)."""
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return
+        places = {place for place, index in enumerate(batch.order) if index in set(indices)}
+        batch.sent |= places
+        self._end_if_answered(conn, batch)
+
+        def answered(b: _Batch, place: int) -> bool:
+            return b.over or place in b.sent
+        self.waiting = collections.deque(c for c in self.waiting if not all(
+            answered(c.batch, p) for p in c.places))
+        for search in self.searches.tags():
+            if not search.offered and all(answered(*search.places[i]) for i in search.decoding):
+                self.searches.remove(search)
+                if self.open.get(search.key) is search:
+                    del self.open[search.key]
 
 
 def _result(batch: _Batch, t) -> tuple:

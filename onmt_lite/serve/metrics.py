@@ -35,6 +35,9 @@ class Metrics:
         self.queue_wait = Histogram("onmt_lite_queue_wait_seconds",
                                     "time a sentence waited for a lane", ["model"],
                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.lane_restarts = Counter("onmt_lite_lane_restarts",
+                                     "lane processes that ended unasked and were replaced",
+                                     ["model"], registry=r)
         queue = Gauge("onmt_lite_queue_length", "sentences waiting for a lane", registry=r)
         queue.set_function(queue_length)
 

@@ -14,7 +14,7 @@ import torch
 
 from onmt_lite.cli.options import config_value
 from onmt_lite.cli.translate import build_parser
-from onmt_lite.serve.batcher import Batcher, Scheduling, Settings, Stopped
+from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.limits import LimitError, SearchLimits, SearchShape
 from onmt_lite.serve.metrics import Metrics
@@ -30,6 +30,11 @@ SERVER_OPTIONS = frozenset({"report_align", "batch_size", "verbose", "gpu"})
 
 class ModelUnavailable(Exception):
     """A model that failed to load, or is stopping; the message says which and why."""
+
+
+class TranslationFailed(Exception):
+    """A sentence that could not be decoded (its search failed, or it ended the lanes that
+    decoded it); the message says why."""
 
 
 @dataclass
@@ -113,7 +118,8 @@ class ServedModel:
                 self.shape = SearchShape.of(translator.model)
                 translator.model = None  # the lanes decode, each with its own copy
                 self._check_memory([1])  # a one-token sentence fits
-                self.batcher = Batcher(options, self.scheduling, self._on_batch)
+                self.batcher = Batcher(options, self.scheduling, self._on_batch,
+                                       self._on_restart)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
@@ -153,6 +159,10 @@ class ServedModel:
         if self.metrics is not None:
             self.metrics.batch(self.id, size, waits)
 
+    def _on_restart(self) -> None:
+        if self.metrics is not None:
+            self.metrics.lane_restarts.labels(str(self.id)).inc()
+
     def queued(self) -> int:
         batcher = self.batcher
         return batcher.queued() if batcher is not None else 0
@@ -179,12 +189,13 @@ class ServedModel:
         waiting = [asyncio.wrap_future(f) for f in futures]
         try:
             done = await asyncio.gather(*waiting)
-        except asyncio.CancelledError:  # timed out or the client left: drop what has not run
-            for future in futures:
-                future.cancel()
+        except asyncio.CancelledError:  # timed out or the client left: drop its sentences
+            threading.Thread(target=batcher.abandon, args=(futures,), daemon=True).start()
             raise
-        except Stopped as err:  # its lane ended while decoding them
+        except Stopped as err:  # the model stopped while they waited
             raise ModelUnavailable(f"{self.spec.describe()}: {err}") from None
+        except SentenceFailed as err:
+            raise TranslationFailed(f"{self.spec.describe()}: {err}") from None
         finally:
             self._reset_timer()
         empty = [("", [])] * n_best if attention else None
