@@ -1,9 +1,14 @@
-"""The batched engine gives what one Beam per sentence gives, on random tiny models."""
+"""The batched engine gives what one Beam per sentence gives, on random tiny models; OpenNMT-py's
+finishing rule at the step a batch-mate leaves, on a hand-built table."""
+import math
+
 import pytest
 import torch
 from conftest import TINY_MODELS, make_model
 
 from onmt_lite.search.candidates import top_candidates
+from onmt_lite.search.finishing import OnmtSlots
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.translate.translator import DecodingOptions, Translator
 from onmt_lite.vocab import Vocab
 
@@ -67,3 +72,57 @@ def test_top_candidates_hand_case():
     values, ids = top_candidates(curr, 3, group=2)
     assert values[0].tolist() == pytest.approx([0.9, 0.8, 0.7])
     assert ids.tolist() == [[16 + 3, 12, 16 + 11]]
+
+
+def test_a_sentence_finishes_from_its_own_rows_while_a_batch_mate_leaves():
+    """OpenNMT-py's rule at the step where one sentence is done and leaves the batch while a
+    hypothesis of the next one ends: the -65504 mask goes on that hypothesis' own row before the
+    batch shrinks, and the sentence finishes later exactly as it would alone.
+
+    Beam 2, n_best 2, no length penalty, </s> = 3; ``path`` names a candidate by its flat
+    index (sentence * 2 + slot)."""
+    def path(c):
+        return torch.tensor([c]), torch.zeros(1, 1)
+
+    def run(steps):
+        """Feeds the (values, tokens) of each step to one rule; returns the n-best by
+        sentence and the running scores (as probabilities, flat) after each step."""
+        n = steps[0][0].size(0)
+        rule = OnmtSlots(GNMTGlobalScorer(), eos=3, max_length=10, n_best=2)
+        rule.start(n, 2, torch.zeros(n * 2, 1, dtype=torch.bool))
+        live, results, scores = list(range(n)), {}, []
+        for step, (values, tokens) in enumerate(steps, start=1):
+            values, tokens = values[live], tokens[live]
+            rule.rank(torch.zeros(len(live) * 2, 5), step, torch.zeros(len(live) * 2, 1))
+            rows = torch.arange(len(live) * 2).view(-1, 2)
+            _, done = rule.advance(values.log(), rows, tokens, step,
+                                   torch.zeros(len(live) * 2, 1), path)
+            scores.append(rule.scores.exp().view(-1).tolist())
+            for i, nbest in done.items():
+                results[live[i]] = [(h.tokens, round(math.exp(h.score), 6)) for h in nbest]
+            keep = [i for i in range(len(live)) if i not in done]
+            if not keep:
+                break
+            if len(keep) < len(live):
+                rule.keep(torch.tensor(keep), torch.tensor([2 * i + j for i in keep
+                                                            for j in range(2)]))
+                live = [live[i] for i in keep]
+        return results, scores
+
+    # step 1: sentence 0 takes .6, .4; sentence 1 .7, .3 (no </s>)
+    # step 2: sentence 0: .30 and .25 both end in </s>: its top ended, 2 finished: done.
+    #         sentence 1: .35 runs on; .21 ends in </s> (candidate 2 * 1 + 1 = 3), not on top:
+    #         recorded, its row masked to -65504 (exp: 0) before sentence 0 leaves.
+    # step 3: sentence 1 (now alone) takes .175 with </s> on top (candidate 0), .105 runs on:
+    #         2 finished, done: .21 (candidate 3 of step 2) before .175. (Step 3's table has
+    #         one row a sentence; sentence 0's is never read.)
+    both = [(torch.tensor([[.6, .4], [.7, .3]]), torch.tensor([[4, 5], [4, 5]])),
+            (torch.tensor([[.30, .25], [.35, .21]]), torch.tensor([[3, 3], [4, 3]])),
+            (torch.tensor([[.175, .105]]).expand(2, 2), torch.tensor([[3, 4]]).expand(2, 2))]
+    results, scores = run(both)
+    assert results == {0: [([0], 0.3), ([1], 0.25)], 1: [([3], 0.21), ([0], 0.175)]}
+    assert scores[1] == pytest.approx([0.0, 0.0, 0.35, 0.0])  # every end masked at step 2
+    assert scores[2] == pytest.approx([0.0, 0.105])  # sentence 1 alone: its </s> masked
+    # sentence 1 alone: the same n-best (candidate numbers count from its own first row)
+    alone, _ = run([(v[1:], t[1:]) for v, t in both])
+    assert alone == {0: [([1], 0.21), ([0], 0.175)]}
