@@ -150,6 +150,32 @@ WINDSURF_NBEST = [("Ein Mann in einem Neoprenanzug surft im Meer.", -0.7256),
                   ("Ein Mann in der Nähe eines Boots.", -0.8535)]
 
 
+def boundary_gaps(translator, lines, batch_size: int) -> dict:
+    """{line: the smallest gap, over its own search in the batches translate() makes, between
+    the last candidate a step keeps and the first it drops} (hunt_search.LineGaps)."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    from hunt_search import LineGaps
+
+    from onmt_lite.search import presets
+    from onmt_lite.search.candidates import TopK
+    recorder = LineGaps()
+
+    class Measured(TopK):
+        def pick(self, scores, k):
+            edge = scores.reshape(scores.size(0), -1).topk(k + 1, dim=1).values
+            recorder.record(edge, k - 1)
+            return super().pick(scores, k)
+
+    real, presets.TopK = presets.TopK, Measured
+    try:
+        with recorder:
+            translator.translate(lines, batch_size=batch_size)
+    finally:
+        presets.TopK = real
+    return recorder.gaps
+
+
 def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch():
     # one torch thread, as the default layout decodes a lone sentence: on an AVX-512 CPU, MKL's
     # two-thread products of a one-sentence batch round this line's near-tie the other way
@@ -160,11 +186,15 @@ def test_the_n_best_stop_is_opennmt_pys_alone_and_in_a_batch():
         with open(SRC, encoding="utf-8") as f:
             lines = [next(f).rstrip("\n") for _ in range(80)]
         for batch, at in (([WINDSURF], 0), (lines[:40] + [WINDSURF] + lines[40:], 40)):
-            if at and torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-                pytest.xfail("on an AVX-512 CPU the batch's products round a near-tie of this "
-                             "line's n-best stop the other way (OpenNMT-py keeps its stop)")
             result = translator.translate(batch, batch_size=32)[at]
-            assert [(text, round(score, 4)) for text, score
-                    in zip(result.texts, result.scores)] == WINDSURF_NBEST
+            nbest = [(text, round(score, 4)) for text, score in zip(result.texts, result.scores)]
+            if at and nbest != WINDSURF_NBEST:
+                # the other side of its step-6 tie (two candidates < 1e-6 apart), which a batch's
+                # float sums may round either way, in OpenNMT-py too (test_parity_batchmates.py):
+                # on an Intel Xeon with AVX-512, here; measured on its own rows of this batch
+                assert nbest[0] == WINDSURF_NBEST[0]
+                assert boundary_gaps(translator, batch, 32)[at] < 1e-5
+            else:
+                assert nbest == WINDSURF_NBEST
     finally:
         torch.set_num_threads(threads)
