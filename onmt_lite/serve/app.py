@@ -6,10 +6,13 @@ import json
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Set
+from contextlib import aclosing
+from typing import Dict, List, Optional, Set, Tuple
+from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from onmt_lite.serve.batcher import QueueFull
 from onmt_lite.serve.config import ConfError
@@ -86,6 +89,49 @@ def _replay(messages):
             return pending.pop(0)
         return {"type": "http.disconnect"}  # the body was read: only a disconnect is left
     return receive
+
+
+class NotText(Exception):
+    """A form field whose bytes are not text in the form's character set."""
+
+    def __init__(self, field: str):
+        super().__init__(field)
+        self.field = field
+
+
+class _TextFields(MultiPartParser):
+    """Starlette's multipart parser, except that a field that is not valid text raises NotText
+    (Starlette reads it as Latin-1 instead)."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset)
+            except UnicodeDecodeError:
+                raise NotText(part.field_name) from None
+        super().on_part_end()
+
+
+def _pairs(raw: bytes, where: str = "") -> List[Tuple[str, str]]:
+    """The name=value pairs of a query string or an urlencoded body, percent-decoded and read as
+    UTF-8 (Starlette replaces what is not UTF-8 with U+FFFD, silently). Raises ApiError 400
+    naming the first field that is not UTF-8."""
+    pairs = []
+    for item in raw.split(b"&"):
+        if not item:
+            continue
+        name, _, value = item.partition(b"=")
+        name, value = (unquote_to_bytes(part.replace(b"+", b" ")) for part in (name, value))
+        try:
+            field = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, f"a field name{where}: not valid UTF-8") from None
+        try:
+            pairs.append((field, value.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise ApiError(400, f"{field[:100]}{where}: not valid UTF-8") from None
+    return pairs
 
 
 def create_app(registry: Registry, limits: Limits = Limits(),
@@ -249,18 +295,27 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     # -- LibreTranslate's API -----------------------------------------------------------------
     async def fields(request: Request) -> dict:
         """The request's fields: a JSON object, or form fields (urlencoded or multipart) with
-        the query string's, as LibreTranslate reads them."""
-        if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        the query string's, as LibreTranslate reads them. A field that is not UTF-8 text (in
+        the form's character set) is refused, naming it."""
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/json":
             data = await json_body(request)
             if not isinstance(data, dict):
                 raise ApiError(400, "the JSON body must be an object")
             return data
-        values = dict(request.query_params)
-        try:
-            form = await request.form()
-        except Exception:  # noqa: BLE001 - a malformed form body
-            raise ApiError(400, "the form body cannot be read") from None
-        values.update((k, v) for k, v in form.items() if isinstance(v, str))
+        values = dict(_pairs(request.scope.get("query_string", b""), " (query string)"))
+        if content_type == "application/x-www-form-urlencoded":
+            values.update(_pairs(await request.body()))
+        elif content_type == "multipart/form-data":
+            try:
+                async with aclosing(request.stream()) as stream:
+                    form = await _TextFields(request.headers, stream).parse()
+            except NotText as err:
+                raise ApiError(400, f"{err.field[:100]}: not valid "
+                                    f"{_charset(request).upper()}") from None
+            except MultiPartException:
+                raise ApiError(400, "the form body cannot be read") from None
+            values.update((k, v) for k, v in form.items() if isinstance(v, str))
         if isinstance(values.get("q"), str):
             values["q"] = values["q"].replace("\r\n", "\n")
         return values
@@ -417,6 +472,15 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     return BodyLimit(app, limits.max_request_bytes) if limits.max_request_bytes > 0 else app
+
+
+def _charset(request: Request) -> str:
+    """The character set a form's Content-Type names (UTF-8 when none)."""
+    for param in request.headers.get("content-type", "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"') or "utf-8"
+    return "utf-8"
 
 
 def _int(text: str) -> int:

@@ -1,0 +1,116 @@
+"""The server's HTTP side under clients that misbehave or are many: form fields that are not
+UTF-8, a body over the limit sent whole before the answer is read, a client that leaves before
+its answer, 1,200 connections at once."""
+import re
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
+httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
+
+from test_serve import MODEL, ROOT, Server, app_for, free_port  # noqa: E402
+
+from onmt_lite.serve.config import ModelSpec  # noqa: E402
+
+FORM = "application/x-www-form-urlencoded"
+
+
+class Process(Server):
+    """``onmt_lite serve`` as a process whose log is read as it comes (a long run's access log
+    would fill a pipe nobody reads), optionally started under a soft limit of ``nofile`` open
+    files."""
+
+    def __init__(self, *options, nofile=None, start_s=60):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log, limit = [], None
+        if nofile is not None:
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))  # noqa: E731
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "onmt_lite", "serve", "-model", MODEL, "-src_lang", "en",
+             "-tgt_lang", "de", "-port", str(self.port), *options],
+            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            preexec_fn=limit)
+        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
+        deadline = time.monotonic() + start_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "".join(self.log)
+            try:
+                if httpx.get(self.url + "/ready").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"the server did not become ready in {start_s} s")
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
+
+    def resident_mib(self) -> float:
+        with open(f"/proc/{self.process.pid}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"", timeout: float = 30) -> bytes:
+    """Sends ``head`` and ``body`` whole, then reads the answer to its end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head + body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+# -- 1. form fields that are not UTF-8 ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def client():
+    with app_for([ModelSpec(0, MODEL, {}, "en", "de")], lanes=1) as c:
+        yield c
+
+
+def multipart(fields: dict, charset: str = "") -> tuple:
+    body = b"".join(b'--xx\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n'
+                    % (name.encode(), value) for name, value in fields.items()) + b"--xx--\r\n"
+    return body, f"multipart/form-data; boundary=xx{charset}"
+
+
+@pytest.mark.parametrize("path, body, content_type, message", [
+    ("/translate", b"q=%FF%FE&source=en&target=de", FORM, "q: not valid UTF-8"),
+    ("/translate", b"q=a\xff&source=en&target=de", FORM, "q: not valid UTF-8"),
+    ("/translate", b"source=en&target=de&%FF=1", FORM, "a field name: not valid UTF-8"),
+    ("/translate?q=%C3%28&source=en&target=de", b"", FORM,
+     "q (query string): not valid UTF-8"),
+    ("/translate?q=%FF", b"source=en&target=de", FORM, "q (query string): not valid UTF-8"),
+    ("/translate", *multipart({"q": b"\xff\xfe", "source": b"en", "target": b"de"}),
+     "q: not valid UTF-8"),
+    ("/translate", *multipart({"q": b"\xc3", "source": b"en", "target": b"de"}, "; charset=utf-8"),
+     "q: not valid UTF-8"),
+    ("/detect", b"q=%E9t%E9", FORM, "q: not valid UTF-8"),
+])
+def test_a_form_field_that_is_not_utf8_gets_a_400_naming_it(client, path, body, content_type,
+                                                            message):
+    response = client.post(path, content=body, headers={"content-type": content_type})
+    assert (response.status_code, response.json()) == (400, {"error": message})
+
+
+def test_form_fields_in_utf8_are_read_whether_percent_encoded_or_not(client):
+    reference = client.post("/translate", json={"q": "A café.", "source": "en", "target": "de"})
+    assert reference.status_code == 200
+    for body, content_type in (
+            (b"q=A+caf%C3%A9.&source=en&target=de", FORM),
+            ("q=A café.&source=en&target=de".encode(), FORM),
+            multipart({"q": "A café.".encode(), "source": b"en", "target": b"de"})):
+        response = client.post("/translate", content=body, headers={"content-type": content_type})
+        assert response.json() == reference.json(), body
+    query = client.post("/translate?q=A%20caf%C3%A9.&source=en&target=de", content=b"",
+                        headers={"content-type": FORM})
+    assert query.json() == reference.json()
