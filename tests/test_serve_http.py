@@ -1,6 +1,8 @@
 """The server's HTTP side under clients that misbehave or are many: form fields that are not
 UTF-8, a body over the limit sent whole before the answer is read, a client that leaves before
 its answer, 1,200 connections at once."""
+import asyncio
+import json
 import re
 import resource
 import socket
@@ -8,14 +10,17 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 fastapi = pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
 
-from test_serve import MODEL, ROOT, Server, app_for, free_port  # noqa: E402
+from test_serve import DEMO, MODEL, ROOT, Server, app_for, free_port  # noqa: E402
 
+from onmt_lite.serve.app import BodyLimit  # noqa: E402
 from onmt_lite.serve.config import ModelSpec  # noqa: E402
 
 FORM = "application/x-www-form-urlencoded"
@@ -114,3 +119,68 @@ def test_form_fields_in_utf8_are_read_whether_percent_encoded_or_not(client):
     query = client.post("/translate?q=A%20caf%C3%A9.&source=en&target=de", content=b"",
                         headers={"content-type": FORM})
     assert query.json() == reference.json()
+
+
+# -- 2. a body over the limit, sent whole before the answer is read ------------------------------
+def test_a_body_over_the_limit_gets_its_413_even_from_a_client_that_sends_it_all_first():
+    """urllib sends its whole body, and Connection: close, before it reads: the 413 used to come
+    before the body was read, the connection closed with 5 MB unread and the client saw a
+    reset."""
+    server = Process("-lanes", "1")
+    try:
+        body = json.dumps({"q": "a " * 3_000_000, "source": "en", "target": "de"}).encode()
+        assert len(body) > 6_000_000
+        ask = urllib.request.Request(server.url + "/translate", data=body,
+                                     headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(ask, timeout=60)
+        assert refused.value.code == 413
+        assert "-max_request_bytes" in json.loads(refused.value.read())["error"]
+        for close in (b"Connection: close\r\n", b""):
+            head = (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n%s\r\n" % (len(body), close))
+            answer = raw_request(server.port, head, body)
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+            assert b"connection: close" in answer.lower()
+            assert b"-max_request_bytes" in answer.split(b"\r\n\r\n", 1)[1]
+        # a client that waits for 100 Continue is answered at once, its body never sent
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body))
+            assert s.recv(65536).startswith(b"HTTP/1.1 413 ")
+        assert httpx.post(server.url + "/translate", json={"q": DEMO[0], "source": "en",
+                                                           "target": "de"}).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_an_endless_body_holds_the_server_for_a_bounded_amount_only():
+    """The rest of a body over the limit is read and dropped up to ``discard`` bytes or
+    ``discard_s`` seconds, then the 413 goes out."""
+    async def never_called(scope, receive, send):
+        raise AssertionError("the application got a body over the limit")
+
+    async def run(limit, discard, discard_s, receive):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+        scope = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
+        await BodyLimit(never_called, limit, discard, discard_s)(scope, receive, send)
+        return sent
+
+    read = [0]
+
+    async def endless():
+        read[0] += 1000
+        return {"type": "http.request", "body": b" " * 1000, "more_body": True}
+    sent = asyncio.run(run(2000, 50_000, 10.0, endless))
+    assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+    assert 50_000 <= read[0] <= 52_000
+
+    async def slow():
+        await asyncio.sleep(0.05)
+        return await endless()
+    start = time.monotonic()
+    sent = asyncio.run(run(2000, 10 ** 9, 0.5, slow))
+    assert sent[0]["status"] == 413 and time.monotonic() - start < 2

@@ -33,31 +33,58 @@ class ApiError(Exception):
 
 class BodyLimit:
     """ASGI middleware: a body over ``limit`` bytes gets 413, whether it announces its length
-    or streams it in chunks (neither uvicorn nor Starlette bounds a body)."""
+    or streams it in chunks (neither uvicorn nor Starlette bounds a body).
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    Most clients (urllib, requests) send the whole body before they read the answer, and closing
+    a connection that still holds unread bytes resets it: such a client would never see the 413.
+    So the rest of the body is read and dropped first, up to ``discard`` bytes in all and for at
+    most ``discard_s`` seconds (a body that announces more, or waits for ``Expect:
+    100-continue``, is answered at once); the 413 says ``Connection: close``, so that an endless
+    body holds its connection no longer than that."""
+
+    def __init__(self, app, limit: int, discard: Optional[int] = None, discard_s: float = 10.0):
+        self.app, self.limit, self.discard_s = app, limit, discard_s
+        self.discard = max(16 * limit, 16 << 20) if discard is None else discard
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
-        too_big = length is not None and length.isdigit() and int(length) > self.limit
+        announced = int(length) if length is not None and length.isdigit() else None
+        too_big = announced is not None and announced > self.limit
         chunks, size, more = [], 0, True
         while more and not too_big:
             message = await receive()
             if message["type"] != "http.request":
-                return await self.app(scope, _replay([message]), send)
+                return await self.app(scope, _replay([message], receive), send)
             chunks.append(message)
             size += len(message.get("body", b""))
             more = message.get("more_body", False)
             too_big = size > self.limit
         if too_big:
+            chunks.clear()
+            waits = headers.get(b"expect", b"").lower() == b"100-continue" and size == 0
+            if more and not waits and (announced or 0) <= self.discard:
+                await self._drop_rest(receive, size)
             error = JSONResponse({"error": f"the request body is over {self.limit} bytes "
-                                           "(-max_request_bytes)"}, status_code=413)
+                                           "(-max_request_bytes)"}, status_code=413,
+                                 headers={"Connection": "close"})
             return await error(scope, receive, send)
-        await self.app(scope, _replay(chunks), send)
+        await self.app(scope, _replay(chunks, receive), send)
+
+    async def _drop_rest(self, receive, size: int) -> None:
+        """Reads the body's remaining messages, dropping them, until its end, a disconnect,
+        ``discard`` bytes read in all or ``discard_s`` seconds."""
+        try:
+            async with asyncio.timeout(self.discard_s):
+                while size <= self.discard:
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body"):
+                        return
+                    size += len(message.get("body", b""))
+        except TimeoutError:
+            pass
 
 
 class Measure:
@@ -81,14 +108,16 @@ class Measure:
         self.metrics.request(route, status[0], time.monotonic() - start)
 
 
-def _replay(messages):
+def _replay(messages, receive):
+    """A receive that gives ``messages`` (the body, read already), then passes on to the
+    connection's own ``receive``: its next message is the client's disconnect, when it comes."""
     pending = list(messages)
 
-    async def receive():
+    async def replayed():
         if pending:
             return pending.pop(0)
-        return {"type": "http.disconnect"}  # the body was read: only a disconnect is left
-    return receive
+        return await receive()
+    return replayed
 
 
 class NotText(Exception):
