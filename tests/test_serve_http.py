@@ -184,3 +184,35 @@ def test_an_endless_body_holds_the_server_for_a_bounded_amount_only():
     start = time.monotonic()
     sent = asyncio.run(run(2000, 10 ** 9, 0.5, slow))
     assert sent[0]["status"] == 413 and time.monotonic() - start < 2
+
+
+# -- 3. a client that leaves before its answer --------------------------------------------------
+def test_the_sentences_of_a_client_that_leaves_are_dropped():
+    """One lane, 512 long sentences in batches of 8, two batches at a time (some 30 s of
+    decoding on 2 cores): the client leaves after 0.3 s; its sentences leave the queue within
+    a batch's time instead of being decoded, and a short request is answered at once."""
+    server = Process("-lanes", "1", "-batch_size", "8", "-max_batches", "2",
+                     "-max_sentences", "512", "-max_length_ratio", "0", "-max_length", "300")
+    try:
+        long_line = " ".join(DEMO * 3)
+        body = json.dumps({"q": [long_line] * 512, "source": "en", "target": "de"}).encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            sent = time.monotonic()
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            while server.metric("onmt_lite_queue_length") < 400:  # queued, and waiting
+                assert time.monotonic() - sent < 10, "the sentences were never queued"
+                time.sleep(0.05)
+            time.sleep(max(0.0, sent + 0.3 - time.monotonic()))
+        left = time.monotonic()
+        while server.metric("onmt_lite_queue_length") > 0:
+            assert time.monotonic() - left < 3, "the queue still holds the sentences"
+            time.sleep(0.05)
+        start = time.monotonic()
+        short = httpx.post(server.url + "/translate", timeout=60,
+                           json={"q": DEMO[0], "source": "en", "target": "de"})
+        assert short.status_code == 200 and time.monotonic() - start < 3
+    finally:
+        server.stop()
+    assert any("the client left before its answer; 512 sentences dropped" in line
+               for line in server.log), "".join(server.log[-20:])

@@ -120,6 +120,12 @@ def _replay(messages, receive):
     return replayed
 
 
+async def _disconnect(receive) -> None:
+    """Returns when the client has gone (``receive`` called after the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class NotText(Exception):
     """A form field whose bytes are not text in the form's character set."""
 
@@ -209,13 +215,28 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         check_key(request.query_params.get("api_key") or request.headers.get("x-api-key"),
                   admin_keys or api_keys)
 
-    async def translate(model: ServedModel, lines: List[str], n_best: int = None,
-                        attention: bool = False):
+    async def translate(request: Request, model: ServedModel, lines: List[str],
+                        n_best: int = None, attention: bool = False):
+        """``lines`` translated by ``model``; dropped (their sentences leave the queue or their
+        lane) as soon as the client closes its connection: uvicorn does not cancel a request's
+        handler when its client goes, so the translation races the client's disconnect."""
         if state["draining"]:
             raise ApiError(503, "the server is shutting down", {"Retry-After": "5"})
+        work = asyncio.ensure_future(asyncio.wait_for(model.translate(lines, n_best, attention),
+                                                      limits.timeout))
+        gone = asyncio.ensure_future(_disconnect(request.receive))
         try:
-            return await asyncio.wait_for(model.translate(lines, n_best, attention),
-                                          limits.timeout)
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, gone):
+                task.cancel()  # when done, nothing
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if work.cancelled():
+            logger.info("%s %s: the client left before its answer; %d sentences dropped",
+                        request.method, request.url.path, len(lines))
+            raise ApiError(499, "the client closed its connection")
+        try:
+            return work.result()
         except QueueFull as err:
             raise ApiError(503, f"the server is busy: {err}",
                            {"Retry-After": str(err.retry_after)}) from None
@@ -265,7 +286,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         model = onmt_model(inputs[0].get("id", 0))
         sources = [item["src"] for item in inputs]
         check_texts(sources, "src")
-        results = await translate(model, sources, attention=model.report_align)
+        results = await translate(request, model, sources, attention=model.report_align)
         n_best = model.n_best
         out = [[] for _ in range(n_best)]
         for src, sentence in zip(sources, results):
@@ -389,7 +410,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         if alternatives + 1 > model.beam_size:
             raise ApiError(400, f"alternatives: at most {model.beam_size - 1} (the model's "
                                 f"beam size {model.beam_size}, less one)")
-        translated, others = await translate_texts(model, texts, alternatives + 1)
+        translated, others = await translate_texts(request, model, texts, alternatives + 1)
         body = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if alternatives:
             body["alternatives"] = others if isinstance(q, list) else others[0]
@@ -399,11 +420,12 @@ def create_app(registry: Registry, limits: Limits = Limits(),
                 else detected
         return body
 
-    async def translate_texts(model: ServedModel, texts: List[str], n_best: int):
+    async def translate_texts(request: Request, model: ServedModel, texts: List[str],
+                              n_best: int):
         """Each text's translation and alternatives: its lines translated as sentences (empty
         lines kept), the k-th alternative made of each line's k-th hypothesis."""
         lines = [line for text in texts for line in text.split("\n")]
-        results = await translate(model, lines, n_best)
+        results = await translate(request, model, lines, n_best)
         translated, others, at = [], [], 0
         for text in texts:
             count = text.count("\n") + 1
@@ -465,7 +487,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
         model = pair(data.get("source"), data.get("target"))
         n_best = min(model.beam_size, _count(data.get("n_best", model.beam_size), "n_best") or 1)
         lines = q.split("\n")
-        results = await translate(model, lines, n_best, attention=True)
+        results = await translate(request, model, lines, n_best, attention=True)
         return {"translatedText": "\n".join(s.texts[0] for s in results),
                 "nbest": [{"text": "\n".join(s.texts[rank] for s in results),
                            "score": sum(s.scores[rank] for s in results)}
