@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sentences waiting per model; beyond, 503 with Retry-After")
     add(g, "max_request_bytes", type=integer(0), default=1 << 20,
         help="larger request bodies get 413 (0: no limit)")
+    add(g, "max_connections", type=integer(0), default=512,
+        help="requests in flight at most; beyond, 503 with Retry-After (0: no limit)")
+    add(g, "backlog", type=integer(1), default=2048,
+        help="connections the kernel holds for the server to accept (capped by "
+             "net.core.somaxconn)")
     add(g, "max_sentences", type=integer(1), default=128, help="texts per request at most")
     add(g, "max_chars", type=integer(1), default=5000, help="characters per text at most")
     add(g, "timeout", type=number(above=0), default=60.0,
@@ -111,6 +116,24 @@ def _keys(path):
     return keys
 
 
+def _raise_open_files() -> None:
+    """Raises the process's soft limit on open files to its hard limit: each connection holds
+    one, and the common soft limit of 1,024 would refuse connections long before -backlog or
+    -max_connections."""
+    try:
+        import resource
+    except ImportError:  # not on this system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError) as err:
+        logging.getLogger("onmt_lite").warning("open files stay at %d (%s)", soft, err)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -141,10 +164,11 @@ def main(argv=None) -> int:
         print(f"onmt_lite serve: error: {err}", file=sys.stderr)
         return 2
     limits = Limits(args.max_request_bytes, args.max_sentences, args.max_chars, args.timeout,
-                    args.max_queue)
+                    args.max_queue, args.max_connections)
     app = create_app(registry, limits, keys, admin_keys)
+    _raise_open_files()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            timeout_graceful_shutdown=args.drain_timeout)
+                            timeout_graceful_shutdown=args.drain_timeout, backlog=args.backlog)
     server = uvicorn.Server(config)
     # uvicorn handles SIGTERM and SIGINT while it runs (stop accepting, finish the requests in
     # flight), then raises the signal again to the handler it found: make that one a no-op, so a

@@ -87,6 +87,29 @@ class BodyLimit:
             pass
 
 
+class InFlight:
+    """ASGI middleware: at most ``limit`` requests in flight; one more is answered at once with
+    503, ``Retry-After`` and a JSON error (uvicorn's own ``limit_concurrency`` answers a plain
+    503 without Retry-After, and counts idle connections too)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.active = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            busy = JSONResponse({"error": f"the server is busy: {self.active} requests in "
+                                          f"flight, its limit (-max_connections)"},
+                                status_code=503, headers={"Retry-After": "1"})
+            return await busy(scope, receive, send)
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
 class Measure:
     """ASGI middleware: each request's route, status and seconds, into the metrics (plain ASGI:
     Starlette's ``BaseHTTPMiddleware`` took a sixth of the server process's time per request)."""
@@ -522,7 +545,9 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     async def prometheus():
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
-    return BodyLimit(app, limits.max_request_bytes) if limits.max_request_bytes > 0 else app
+    if limits.max_request_bytes > 0:
+        app = BodyLimit(app, limits.max_request_bytes)
+    return InFlight(app, limits.max_connections) if limits.max_connections > 0 else app
 
 
 def _charset(request: Request) -> str:

@@ -22,6 +22,7 @@ class Limits:
     max_chars: int = 5000  # characters per text
     timeout: float = 60.0  # seconds a request may wait for its translations: then 503
     max_queue: int = 1024  # sentences waiting per model: beyond, 503 with Retry-After
+    max_connections: int = 512  # requests in flight: beyond, 503 with Retry-After (0: no limit)
 
 
 @dataclass
