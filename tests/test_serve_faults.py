@@ -213,3 +213,32 @@ def test_abandoned_sentences_leave_the_queue_and_their_lanes_search(translator):
         assert batcher.submit([long], Settings(1))[0].result(timeout=120) == alone
     finally:
         batcher.stop()
+
+
+def test_a_request_whose_sentence_kills_its_lanes_gets_a_500_naming_it(translator):
+    import threading
+    import time
+    registry, client = serving(lanes=1)
+    poison = " ".join(DEMO * 3)
+    tokens = translator.source_tokens(poison, 1)
+    done = threading.Event()
+
+    def killer():
+        while not done.is_set():
+            lane = lane_holding(registry.get(0).batcher, tokens)
+            if lane is not None and lane.process.is_alive():
+                lane.process.kill()
+                lane.process.join()
+            time.sleep(0.002)
+    with client as c:
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            failed = c.post("/translate", json={"q": poison, "source": "en", "target": "de"})
+        finally:
+            done.set()
+            thread.join()
+        assert failed.status_code == 500, failed.text
+        assert "ended 2 lane processes" in failed.json()["error"]
+        assert c.post("/translate", json={"q": DEMO[0], "source": "en", "target": "de"}
+                      ).status_code == 200

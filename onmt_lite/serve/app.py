@@ -19,7 +19,7 @@ from onmt_lite.serve.config import ConfError
 from onmt_lite.serve.languages import language_name
 from onmt_lite.serve.limits import LimitError, Limits
 from onmt_lite.serve.metrics import CONTENT_TYPE_LATEST
-from onmt_lite.serve.models import ModelUnavailable, Registry, ServedModel
+from onmt_lite.serve.models import ModelUnavailable, Registry, ServedModel, TranslationFailed
 
 logger = logging.getLogger("onmt_lite")
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
@@ -90,13 +90,15 @@ class BodyLimit:
 class InFlight:
     """ASGI middleware: at most ``limit`` requests in flight; one more is answered at once with
     503, ``Retry-After`` and a JSON error (uvicorn's own ``limit_concurrency`` answers a plain
-    503 without Retry-After, and counts idle connections too)."""
+    503 without Retry-After, and counts idle connections too). The probes and /metrics are
+    always answered: a busy server is alive and ready."""
+    PROBES = frozenset({"/health", "/ready", "/metrics", "/translator/health"})
 
     def __init__(self, app, limit: int):
         self.app, self.limit, self.active = app, limit, 0
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in self.PROBES:
             return await self.app(scope, receive, send)
         if self.active >= self.limit:
             busy = JSONResponse({"error": f"the server is busy: {self.active} requests in "
@@ -270,6 +272,8 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             raise ApiError(503, str(err)) from None
         except LimitError as err:
             raise ApiError(400, str(err)) from None
+        except TranslationFailed as err:  # logged by the batcher
+            raise ApiError(500, str(err)) from None
 
     def check_texts(texts: list, what: str) -> None:
         if len(texts) > limits.max_sentences:
