@@ -382,8 +382,8 @@ class _LaneSearches:
     def drop(self, conn, batch_id: int, indices: List[int]) -> None:
         """Drops sentences ``indices`` of batch ``batch_id`` (their client has gone): no result
         is sent for them; chunks of dropped sentences only do not start, and a search whose
-        every sentence still decoding is dropped stops (one that has sentences offered to it,
-        not taken yet, runs on: the rows of a running search are its own to remove)."""
+        every sentence (those offered to it too) is dropped stops; one with others runs on,
+        the dropped among them (the rows of a running search are its own to remove)."""
         batch = self.batches.get(batch_id)
         if batch is None:
             return
@@ -396,7 +396,7 @@ class _LaneSearches:
         self.waiting = collections.deque(c for c in self.waiting if not all(
             answered(c.batch, p) for p in c.places))
         for search in self.searches.tags():
-            if not search.offered and all(answered(*search.places[i]) for i in search.decoding):
+            if all(answered(*search.places[i]) for i in search.decoding):  # offered: in it
                 self.searches.remove(search)
                 if self.open.get(search.key) is search:
                     del self.open[search.key]
