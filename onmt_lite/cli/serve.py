@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         lanes = args.lanes or default_lanes()
         search_limits = SearchLimits(args.max_beam_size, args.max_target_length,
                                      args.max_batch_size, args.lane_memory, args.max_models)
-        search_limits.check_batch_size(args.batch_size, "onmt_lite serve")
+        search_limits.check_batch_size(args.batch_size, "the command line")
         registry = Registry(specs, Scheduling(lanes, args.batch_size, args.max_queue,
                                               args.batch_wait, args.max_batches,
                                               args.head_start), search_limits)
