@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -29,8 +30,7 @@ from collections import Counter
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from defaults_bench import cpu  # noqa: E402  (sibling scripts, not a package)
-from serve_bench import rss_mib  # noqa: E402
+from defaults_bench import cpu  # noqa: E402  (a sibling script, not a package)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")
@@ -71,6 +71,18 @@ def lanes_of(pid: int) -> list:
                 and b"resource_tracker" not in command:
             found.append(int(entry))
     return found
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (0 once it has ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def free_port() -> int:
@@ -157,14 +169,15 @@ class Soak:
                 self.count("lanes killed")
 
     def memory(self, server: int, samples: list) -> None:
-        while time.monotonic() < self.end:
-            try:
+        """Samples the server's memory, and how long it takes to answer GET /health."""
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while time.monotonic() < self.end:
                 own = rss_mib(server)
                 tree = own + sum(rss_mib(pid) for pid in lanes_of(server))
-            except OSError:
-                tree = own = float("nan")
-            samples.append((time.monotonic(), own, tree))
-            time.sleep(2)
+                start = time.monotonic()
+                http.get("/health")
+                samples.append((time.monotonic(), own, tree, time.monotonic() - start))
+                time.sleep(2)
 
     def run(self, server: int) -> dict:
         start = time.monotonic()
@@ -180,19 +193,23 @@ class Soak:
         return self.report(samples, start)
 
     def report(self, samples: list, start: float) -> dict:
-        metrics = httpx.get(self.url + "/metrics").text
+        metrics = httpx.get(self.url + "/metrics", timeout=60).text
         restarts = sum(float(line.split()[-1]) for line in metrics.splitlines()
                        if line.startswith("onmt_lite_lane_restarts_total"))
         queue = [line for line in metrics.splitlines()
                  if line.startswith("onmt_lite_queue_length")]
+        left = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("onmt_lite_requests_total") and 'status="499"' in line)
         warm = [s for s in samples if s[0] - start >= min(30, self.seconds / 4)] or samples
         return {"seconds": self.seconds, "clients": self.clients, "counts": dict(self.counts),
                 "failures": self.failures, "lane_restarts": restarts,
+                "dropped_as_clients_left": left,
                 "queue_at_end": float(queue[0].split()[-1]) if queue else None,
                 "server_rss_mib": {"warm": round(warm[0][1], 1), "end": round(warm[-1][1], 1),
                                    "peak": round(max(s[1] for s in warm), 1)},
                 "tree_rss_mib": {"warm": round(warm[0][2], 1), "end": round(warm[-1][2], 1),
-                                 "peak": round(max(s[2] for s in warm), 1)}}
+                                 "peak": round(max(s[2] for s in warm), 1)},
+                "health_ms_max": round(1000 * max(s[3] for s in samples), 1)}
 
 
 def soak(seconds: float, clients: int = 8, kill_every=(30.0, 60.0), lines: int = 200,
@@ -203,15 +220,17 @@ def soak(seconds: float, clients: int = 8, kill_every=(30.0, 60.0), lines: int =
     translator = build_translator({"model": MODEL, "max_length_ratio": 0})
     expected = {t: r.output_lines()[0] for t, r in zip(texts, translator.translate(texts))}
     port = free_port()
+    log = tempfile.TemporaryFile("w+")  # a pipe nobody reads would fill and stall the server
     server = subprocess.Popen(
         [sys.executable, "-m", "onmt_lite", "serve", "-model", MODEL, "-src_lang", "en",
          "-tgt_lang", "de", "-port", str(port), "-max_length_ratio", "0"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"the server ended: {server.stderr.read()}")
+                log.seek(0)
+                raise RuntimeError(f"the server ended: {log.read()[-2000:]}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
                     break
@@ -233,6 +252,7 @@ def soak(seconds: float, clients: int = 8, kill_every=(30.0, 60.0), lines: int =
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        log.close()
 
 
 def main() -> None:
@@ -253,12 +273,14 @@ def main() -> None:
     print(f"good requests: {good}, lost or wrong: {lost}; bad requests refused: "
           f"{counts.get('bad refused', 0)}, mis-answered: {counts.get('bad mis-answered', 0)}; "
           f"clients gone: {counts.get('gone', 0)}")
+    print(f"requests dropped as their client left: {report['dropped_as_clients_left']:g}")
     print(f"lanes killed: {counts.get('lanes killed', 0)}, restarted: "
           f"{report['lane_restarts']:g}; queue at the end: {report['queue_at_end']:g}; serves "
           f"after: {report['serves_after']}")
     for what in ("server_rss_mib", "tree_rss_mib"):
         m = report[what]
         print(f"{what}: warm {m['warm']}, end {m['end']}, peak {m['peak']}")
+    print(f"GET /health answered in {report['health_ms_max']} ms at most")
     for failure in report["failures"]:
         print("  ", failure)
     if args.json:

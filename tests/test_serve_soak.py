@@ -21,3 +21,4 @@ def test_mixed_load_with_lanes_killed_loses_no_request():
     assert counts.get("bad refused", 0) > 0 and counts.get("gone", 0) > 0, counts
     assert counts.get("lanes killed", 0) >= 2 and report["lane_restarts"] >= 1, report
     assert report["queue_at_end"] == 0 and report["serves_after"], report
+    assert report["dropped_as_clients_left"] > 0, report
