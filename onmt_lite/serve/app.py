@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import time
-from contextlib import aclosing
 from typing import Dict, List, Optional, Set, Tuple
 from urllib.parse import unquote_to_bytes
 
@@ -76,14 +75,15 @@ class BodyLimit:
     async def _drop_rest(self, receive, size: int) -> None:
         """Reads the body's remaining messages, dropping them, until its end, a disconnect,
         ``discard`` bytes read in all or ``discard_s`` seconds."""
+        async def drop(size: int) -> None:
+            while size <= self.discard:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    return
+                size += len(message.get("body", b""))
         try:
-            async with asyncio.timeout(self.discard_s):
-                while size <= self.discard:
-                    message = await receive()
-                    if message["type"] != "http.request" or not message.get("more_body"):
-                        return
-                    size += len(message.get("body", b""))
-        except TimeoutError:
+            await asyncio.wait_for(drop(size), self.discard_s)
+        except asyncio.TimeoutError:
             pass
 
 
@@ -385,8 +385,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             values.update(_pairs(await request.body()))
         elif content_type == "multipart/form-data":
             try:
-                async with aclosing(request.stream()) as stream:
-                    form = await _TextFields(request.headers, stream).parse()
+                form = await _TextFields(request.headers, request.stream()).parse()
             except NotText as err:
                 raise ApiError(400, f"{err.field[:100]}: not valid "
                                     f"{_charset(request).upper()}") from None
