@@ -10,8 +10,8 @@ from conftest import tiny_checkpoint
 
 from onmt_lite.cli import train as train_cli
 from onmt_lite.cli import translate as translate_cli
-from onmt_lite.cli.options import Bounded, integer, number
 from onmt_lite.errors import OptionError
+from onmt_lite.options import Bounded, integer, number
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.train.trainer import train
 from onmt_lite.translate import build_translator

@@ -6,8 +6,8 @@ import os
 import sys
 
 from onmt_lite.checkpoint import CheckpointError, load_model, save_checkpoint
-from onmt_lite.cli.options import Parser, add
 from onmt_lite.errors import OptionError
+from onmt_lite.options import Parser, add
 from onmt_lite.transforms import (
     TransformError,
     TransformOptionError,

@@ -3,9 +3,9 @@ import argparse
 import json
 import sys
 
-from onmt_lite.cli.options import Parser, add
 from onmt_lite.corpus import InputError
 from onmt_lite.evaluate import evaluate_files
+from onmt_lite.options import Parser, add
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,8 +5,8 @@ import math
 import sys
 from typing import List, Optional, Tuple
 
-from onmt_lite.cli.options import Parser, add
 from onmt_lite.corpus import InputError, iter_lines
+from onmt_lite.options import Parser, add
 from onmt_lite.translate.attention_plot import PlotError, plot_attention, plot_path, prepare_folder
 
 

@@ -11,8 +11,8 @@ import logging
 import signal
 import sys
 
-from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.errors import OptionError
+from onmt_lite.options import Parser, add, integer, number, parse_with_config
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,9 +4,9 @@ import sys
 
 import torch
 
-from onmt_lite.cli.options import Parser, add, integer, read_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.errors import OptionError
+from onmt_lite.options import Parser, add, integer, read_config
 from onmt_lite.train.trainer import average_checkpoints, last_checkpoints, train
 
 

@@ -14,12 +14,12 @@ import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from onmt_lite.checkpoint import CheckpointError
-from onmt_lite.cli.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.cli.signals import Stopped, stop_on_signals
 from onmt_lite.corpus import InputError
 from onmt_lite.errors import OptionError
 from onmt_lite.journal import Journal, JournalError
 from onmt_lite.models.int8 import ENGINES
+from onmt_lite.options import Parser, add, integer, number, parse_with_config
 from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic, same_file
 from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record

@@ -17,12 +17,12 @@ from tqdm import tqdm
 
 from onmt_lite import marian
 from onmt_lite.checkpoint import CheckpointError, load_model
-from onmt_lite.cli.options import integer, number
 from onmt_lite.constants import EOS
 from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.errors import OptionError
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import for_inference, inference, replica
+from onmt_lite.options import integer, number
 from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
 from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
