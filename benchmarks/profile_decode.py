@@ -17,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from onmt_lite.cli.translate import build_parser
+from onmt_lite.translate.flags import build_parser
 from onmt_lite.translate.translator import build_translator
 
 GROUPS = {  # operation name -> group; anything else is "other operations"

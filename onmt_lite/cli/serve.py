@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _specs(args, rest):
     """The models to serve, from -config or from -model and translate.py options ``rest``."""
-    from onmt_lite.cli.translate import build_parser as translate_parser
     from onmt_lite.serve.config import ModelSpec, check_opt, guess_languages, read_conf
+    from onmt_lite.translate.flags import build_parser as translate_parser
     if args.config:
         if args.model or rest:
             raise OptionError("-config names the models and their options: give no -model "

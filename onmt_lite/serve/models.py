@@ -12,12 +12,12 @@ from typing import Dict, List, Optional
 
 import torch
 
-from onmt_lite.cli.translate import build_parser
 from onmt_lite.options import config_value
 from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.limits import LimitError, SearchLimits, SearchShape
 from onmt_lite.serve.metrics import Metrics
+from onmt_lite.translate.flags import build_parser
 from onmt_lite.translate.translator import build_translator
 
 logger = logging.getLogger("onmt_lite")
