@@ -22,7 +22,7 @@ import sacrebleu
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from onmt_lite.translate.translator import build_translator  # noqa: E402
+from onmt_lite.translate.build import build_translator  # noqa: E402
 
 CONFIGS = {
     "exact fp32": {},

@@ -22,7 +22,7 @@ from defaults_bench import cpu  # noqa: E402  (a sibling script, not a package)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from onmt_lite.models.model import inference, replica  # noqa: E402
 from onmt_lite.models.shared_step import Searches  # noqa: E402
-from onmt_lite.translate.translator import build_translator  # noqa: E402
+from onmt_lite.translate.build import build_translator  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
 

@@ -17,8 +17,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from onmt_lite.translate.build import build_translator
 from onmt_lite.translate.flags import build_parser
-from onmt_lite.translate.translator import build_translator
 
 GROUPS = {  # operation name -> group; anything else is "other operations"
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",

@@ -215,7 +215,7 @@ class Soak:
 def soak(seconds: float, clients: int = 8, kill_every=(30.0, 60.0), lines: int = 200,
          seed: int = 1) -> dict:
     """Runs a server and the soak for ``seconds``; the report (see the module docstring)."""
-    from onmt_lite.translate.translator import build_translator
+    from onmt_lite.translate.build import build_translator
     texts = sentences(lines)
     translator = build_translator({"model": MODEL, "max_length_ratio": 0})
     expected = {t: r.output_lines()[0] for t, r in zip(texts, translator.translate(texts))}

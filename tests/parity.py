@@ -205,7 +205,7 @@ def smallest_boundary_gaps(case: Case, model: str, translator_cache: dict, lines
     base = translator_cache[model]
     options = {k: v for k, v in case.options.items() if k != "batch_size"}
     options["beam_engine"] = "sentence"  # the recording Beam
-    from onmt_lite.translate.translator import DecodingOptions
+    from onmt_lite.translate.options import DecodingOptions
 
     class RecordingBeam(TieRecordingBeam, Beam):
         pass
@@ -239,7 +239,7 @@ def smallest_boundary_gaps(case: Case, model: str, translator_cache: dict, lines
 def run_case(case: Case, model: str, translator_cache: dict, only: Optional[set] = None,
              reproduce_bug: bool = False, engine: str = "sentence"):
     """Translates as the case says; returns (translations in input order, decoded line numbers)."""
-    from onmt_lite.translate.translator import DecodingOptions, Translator, build_translator
+    from onmt_lite.translate import DecodingOptions, Translator, build_translator
     options = {k: v for k, v in case.options.items() if k != "batch_size"}
     options["beam_engine"] = "sentence" if reproduce_bug else engine
     if model not in translator_cache:

@@ -9,7 +9,7 @@ from conftest import TINY_MODELS, make_model
 from onmt_lite.search.candidates import top_candidates
 from onmt_lite.search.finishing import OnmtSlots
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
-from onmt_lite.translate.translator import DecodingOptions, Translator
+from onmt_lite.translate import DecodingOptions, Translator
 from onmt_lite.vocab import Vocab
 
 SRC = ["a", "b", "c", "d", "e", "f"]

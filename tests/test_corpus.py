@@ -100,7 +100,7 @@ def test_lines_of_accepts_a_list_or_a_path(tmp_path):
 
 
 def test_the_progress_bar_knows_the_line_count_up_front(tmp_path):
-    from onmt_lite.translate.translator import _line_count
+    from onmt_lite.translate.batching import line_count as _line_count
     for text, lines in (("", 0), ("a\n", 1), ("a\nb", 2), ("a\n\n\nb\n", 4)):
         path = tmp_path / "f.txt"
         path.write_text(text, encoding="utf-8")

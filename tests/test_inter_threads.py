@@ -112,7 +112,8 @@ def test_a_model_loads_on_one_thread_and_decodes_on_the_threads_it_had(tmp_path,
     """build_translator loads on one torch thread (an OpenMP team on a busy CPU waits for its
     descheduled threads) and gives the process back its threads before decoding."""
     from conftest import tiny_checkpoint
-    module = translator_module
+
+    from onmt_lite.translate import build as module
     path = tiny_checkpoint(tmp_path / "tiny.pt")
     seen = []
     load_model = module.load_model

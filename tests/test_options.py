@@ -15,7 +15,7 @@ from onmt_lite.options import Bounded, integer, number
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.train.trainer import train
 from onmt_lite.translate import build_translator
-from onmt_lite.translate.translator import DecodingOptions
+from onmt_lite.translate.options import DecodingOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -43,7 +43,7 @@ def options(case: dict) -> dict:
 
 def onmt_lite(case: dict) -> list:
     """[[text, score], ...] per line of the case, decoded as one batch."""
-    from onmt_lite.translate.translator import build_translator
+    from onmt_lite.translate.build import build_translator
     key = json.dumps(case["options"], sort_keys=True)
     if key not in _translators:
         _translators[key] = build_translator({"model": MODEL, **options(case)})

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from onmt_lite.transforms import SentencePieceTransform, TransformError, build_transform
-from onmt_lite.translate.translator import build_translator
+from onmt_lite.translate.build import build_translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py-spm")

@@ -21,7 +21,7 @@ from onmt_lite.serve.app import Limits, create_app  # noqa: E402
 from onmt_lite.serve.batcher import Batcher, Scheduling, Settings  # noqa: E402
 from onmt_lite.serve.config import ConfError, ModelSpec, read_conf  # noqa: E402
 from onmt_lite.serve.models import Registry  # noqa: E402
-from onmt_lite.translate.translator import build_translator  # noqa: E402
+from onmt_lite.translate.build import build_translator  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")

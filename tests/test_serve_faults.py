@@ -95,7 +95,7 @@ def test_a_request_needing_more_search_memory_than_a_lane_may_use_is_refused_fir
 # -- lanes that die, sentences that kill them, requests abandoned --------------------------------
 @pytest.fixture(scope="module")
 def translator():
-    from onmt_lite.translate.translator import build_translator
+    from onmt_lite.translate.build import build_translator
     return build_translator({"model": MODEL, "max_length_ratio": 0})
 
 

@@ -11,7 +11,7 @@ from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep
 from onmt_lite.models.fast import compile_encoder
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
-from onmt_lite.translate.translator import build_translator
+from onmt_lite.translate.build import build_translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")

@@ -19,7 +19,7 @@ from onmt_lite.cli import convert
 from onmt_lite.constants import SPECIALS
 from onmt_lite.train.trainer import average_checkpoints, train
 from onmt_lite.transforms import build_transform, sentencepiece_pieces
-from onmt_lite.translate.translator import build_translator
+from onmt_lite.translate.build import build_translator
 from onmt_lite.vocab import Vocab
 
 SHIPPED = os.path.join(ROOT, "data", "multi30k_en_de_raw.pt")

@@ -22,7 +22,7 @@ from onmt_lite.checkpoint import save_checkpoint
 from onmt_lite.cli import translate as translate_cli
 from onmt_lite.constants import SPECIALS
 from onmt_lite.transforms import BPETransform, TransformError, build_transform
-from onmt_lite.translate.translator import build_translator
+from onmt_lite.translate.build import build_translator
 from onmt_lite.vocab import Vocab
 
 MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")

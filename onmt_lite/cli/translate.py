@@ -22,8 +22,8 @@ from onmt_lite.output import OutputError, OutputFile, check_output, is_atomic, s
 from onmt_lite.translate import distributed
 from onmt_lite.translate.attention_dump import attention_matrix, attention_record
 from onmt_lite.translate.attention_plot import plot_attention, plot_path, prepare_folder
+from onmt_lite.translate.build import build_translator
 from onmt_lite.translate.flags import build_parser
-from onmt_lite.translate.translator import build_translator
 from onmt_lite.translate.workers import WorkerError
 
 logger = logging.getLogger("onmt_lite")

@@ -222,7 +222,7 @@ def lane_main(options: dict, conn, head_start: float, server: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
     end_with_parent(server)  # even when it is killed
     torch.set_num_threads(1)
-    from onmt_lite.translate.translator import build_translator  # in the child: after threads
+    from onmt_lite.translate.build import build_translator  # in the child: after threads
     try:
         translator = build_translator(options)
     except Exception as err:  # noqa: BLE001 - reported to the server, which says why

@@ -17,8 +17,8 @@ from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Setting
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.limits import LimitError, SearchLimits, SearchShape
 from onmt_lite.serve.metrics import Metrics
+from onmt_lite.translate.build import build_translator
 from onmt_lite.translate.flags import build_parser
-from onmt_lite.translate.translator import build_translator
 
 logger = logging.getLogger("onmt_lite")
 

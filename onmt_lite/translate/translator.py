@@ -1,154 +1,38 @@
-"""Translator and build_translator: encode once, tile by beam_size, step, map_state."""
-import argparse
+"""Translator: files and lines in, translations out; encode once, tile by beam_size, step,
+map_state; batches side by side on threads or forked processes."""
 import contextlib
 import copy
 import dataclasses
-import itertools
 import logging
 import multiprocessing
-import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Generator, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Generator, Iterator, List, Optional, Tuple, Union
 
 import torch
 from tqdm import tqdm
 
-from onmt_lite import marian
-from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.constants import EOS
-from onmt_lite.corpus import InputError, lines_of
 from onmt_lite.errors import OptionError
 from onmt_lite.models.ensemble import EnsembleModel
-from onmt_lite.models.model import for_inference, inference, replica
-from onmt_lite.options import integer, number
+from onmt_lite.models.model import inference, replica
 from onmt_lite.search.beam import Beam
 from onmt_lite.search.candidates import Sampler
-from onmt_lite.search.finishing import EARLY_STOPPING, Hypothesis
-from onmt_lite.search.global_scorer import COVERAGE_PENALTIES, LENGTH_PENALTIES, GNMTGlobalScorer
+from onmt_lite.search.finishing import Hypothesis
+from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.search.loop import run_to_end, search_steps
-from onmt_lite.search.presets import LACKS, PRESETS, build_search
+from onmt_lite.search.presets import PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
-from onmt_lite.transforms import (
-    SubwordTransform,
-    TransformError,
-    TransformOptionError,
-    build_transform,
-)
-from onmt_lite.translate.distributed import block, gather, join, local_rank, world
+from onmt_lite.transforms import SubwordTransform
+from onmt_lite.translate import batching
+from onmt_lite.translate.distributed import block, gather, join, world
+from onmt_lite.translate.options import DecodingOptions, check_numbers
+from onmt_lite.translate.phrase_table import phrase, read_phrase_table
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.workers import WorkerPool
 from onmt_lite.vocab import unknown_tokens_warning
 
 logger = logging.getLogger("onmt_lite")
-
-
-@dataclass
-class DecodingOptions:
-    """Search settings; names and defaults follow OpenNMT-py's translate options."""
-    beam_size: int = 5
-    n_best: int = 1
-    min_length: int = 0
-    max_length: int = 250
-    max_length_ratio: float = 1.25
-    alpha: float = 1.0
-    beta: float = 0.0
-    length_penalty: str = "avg"
-    coverage_penalty: str = "none"
-    stepwise_penalty: bool = False
-    block_ngram_repeat: int = 0
-    ignore_when_blocking: Sequence[str] = ()
-    replace_unk: bool = False
-    random_sampling_topk: int = 0
-    random_sampling_topp: float = 0.0
-    random_sampling_temp: float = 1.0
-    seed: int = -1
-    src_seq_length_trunc: int = 0
-    beam_engine: str = "batch"  # batch: search/loop.py; sentence: one Beam per sentence
-    forced_eos: bool = False  # </s> is the only choice at max_length (Hugging Face's rule)
-    search: str = "onmt"  # whose beam search: a name in search/presets.py
-    early_stopping: str = "false"  # Hugging Face's stopping rule (-search hf)
-    repetition_penalty: float = 1.0  # Hugging Face's (CTRL) repetition penalty; 1: off
-    ban_unk_token: bool = False  # <unk> never generated
-    ratio: float = 0.0  # OpenNMT-py's legacy stop rule (see OnmtSlots); 0: off
-    phrase_table: str = ""  # with replace_unk: lines "source|||target" translate the word
-    tgt_file_prefix: bool = False  # the -tgt lines are forced as prefixes, then search goes on
-    patience: float = 1.0  # CTranslate2's: a sentence ends with round(beam * patience) finished
-    diverse_groups: int = 1  # fairseq's diverse beam search: groups of hypotheses (1: off)
-    diverse_strength: float = 0.5  # its Hamming diversity penalty
-    banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
-    renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
-    keep_attention: bool = True  # each hypothesis' attention (Translation.attns); off: width 0
-
-    def validate(self) -> None:
-        """Raises OptionError naming the option of a value or combination that is refused."""
-        check_numbers(vars(self))
-        if self.n_best > self.beam_size:
-            raise OptionError(f"-n_best must be between 1 and -beam_size ({self.beam_size})")
-        for name, choices in (("beam_engine", ("batch", "sentence")), ("search", PRESETS),
-                              ("early_stopping", EARLY_STOPPING),
-                              ("length_penalty", LENGTH_PENALTIES),
-                              ("coverage_penalty", COVERAGE_PENALTIES)):
-            if getattr(self, name) not in choices:
-                raise OptionError(f"-{name} must be one of {', '.join(choices)}")
-        for name, off in LACKS.get(self.search, {}).items():
-            if getattr(self, name) != off:
-                raise OptionError(f"-{name}: -search {self.search} has no such setting")
-        if self.search == "tf" and self.alpha < 0:
-            raise OptionError("-search tf needs -alpha 0 or more (its stop rule assumes it)")
-        if self.search != "onmt":
-            for name, onmt_only in (("coverage_penalty", "none"), ("beam_engine", "batch"),
-                                    ("stepwise_penalty", False), ("length_penalty", "avg"),
-                                    ("ratio", 0.0)):
-                if getattr(self, name) != onmt_only:
-                    raise OptionError(f"-{name} is OpenNMT-py's: not available with "
-                                      f"-search {self.search}")
-        elif self.beam_engine == "sentence":
-            for name in ("repetition_penalty", "ban_unk_token", "ratio", "tgt_file_prefix"):
-                if getattr(self, name) != getattr(DecodingOptions, name):
-                    raise OptionError(f"-{name} needs -beam_engine batch")
-        if self.diverse_groups != 1:
-            if self.search != "fairseq":
-                raise OptionError("-diverse_groups: diverse beam search is fairseq's: give "
-                                  "-search fairseq")
-            if self.beam_size % self.diverse_groups:
-                raise OptionError(f"-diverse_groups {self.diverse_groups} must divide "
-                                  f"-beam_size {self.beam_size}")
-        if self.tgt_file_prefix and self.search not in ("onmt", "ctranslate2"):
-            raise OptionError(f"-tgt_file_prefix: -search {self.search} has no target prefix")
-        if self.replace_unk and not self.keep_attention:
-            raise OptionError("-replace_unk reads the attention: keep_attention must be on")
-        sampling = self.random_sampling_topk != 0 or self.random_sampling_topp != 0
-        if sampling and self.beam_size != 1 and self.search != "hf":
-            raise OptionError("random sampling needs -beam_size 1 (or -search hf: beam "
-                              "sampling)")
-
-
-# the range of each number, as translate.py checks it: the Python API is checked alike
-NUMBERS = {
-    "beam_size": integer(1), "n_best": integer(1), "min_length": integer(0),
-    "max_length": integer(1), "max_length_ratio": number(0), "alpha": number(),
-    "beta": number(0), "block_ngram_repeat": integer(0), "random_sampling_topk": integer(-1),
-    "random_sampling_topp": number(0, 1), "random_sampling_temp": number(above=0),
-    "seed": integer(-1), "src_seq_length_trunc": integer(0), "ratio": number(0),
-    "repetition_penalty": number(above=0), "patience": number(above=0),
-    "diverse_groups": integer(1), "diverse_strength": number(),
-    # of the Translator, build_translator and translate
-    "batch_size": integer(1), "shard_size": integer(0), "gpu": integer(-1),
-    "threads": integer(0), "inter_threads": integer(0), "workers": integer(1),
-}
-
-
-def check_numbers(values: dict) -> None:
-    """Raises OptionError on a value of ``values`` (name: value) of the wrong kind or out of
-    its range, NaN and infinities included."""
-    for name, value in values.items():
-        if name in NUMBERS:
-            try:
-                NUMBERS[name](value)
-            except argparse.ArgumentTypeError as err:
-                raise OptionError(f"-{name}: {err}") from None
 
 
 class Translator:
@@ -257,12 +141,12 @@ class Translator:
             raise OptionError("-tgt_file_prefix forces the -tgt lines: give -tgt")
         number, warned = 0, False
         show = progress and self.rank == 0
-        with tqdm(disable=not show, total=_line_count(src) if show else None,
+        with tqdm(disable=not show, total=batching.line_count(src) if show else None,
                   desc="translate", unit="sent", leave=False) as bar, \
                 contextlib.ExitStack() as stack:
             processes = stack.enter_context(WorkerPool(self, self.workers)) \
                 if self.workers > 1 else None
-            for offset, src_lines, tgt_lines in _shards(src, tgt, shard_size):
+            for offset, src_lines, tgt_lines in batching.shards(src, tgt, shard_size):
                 src_tokens = [self.source_tokens(line, offset + i)
                               for i, line in enumerate(src_lines, 1)]
                 warning = None if warned else unknown_tokens_warning(self.src_vocab, src_tokens)
@@ -383,35 +267,9 @@ class Translator:
         return not tokens or (self.opt.search == "ctranslate2" and tokens == [EOS])
 
     def _batches(self, src_tokens, tgt_tokens, batch_size: int, batch_type: str):
-        """Sorts non-empty lines by length (stable; by (source, target) length with -tgt) and
-        cuts consecutive batches, as OpenNMT-py does: ``batch_size`` sentences, or with
-        ``tokens`` as many as keep sentences x the batch's longest line within ``batch_size``,
-        a line's length being its source's or, with -tgt, its target's with <s> and </s> if
-        longer (onmt/inputters/dynamic_iterator.py batch_iter, max_src_tgt)."""
-        order = [i for i, toks in enumerate(src_tokens) if not self.empty_source(toks)]
-        if tgt_tokens is None:
-            order.sort(key=lambda i: len(src_tokens[i]))
-        else:
-            order.sort(key=lambda i: (len(src_tokens[i]), len(tgt_tokens[i]) + 2))
-
-        def length(i: int) -> int:
-            if batch_type != "tokens":
-                return 1
-            return len(src_tokens[i]) if tgt_tokens is None else max(len(src_tokens[i]),
-                                                                      len(tgt_tokens[i]) + 2)
-        batch: List[int] = []
-        longest = 0
-        for i in order:
-            if batch and (len(batch) + 1) * max(longest, length(i)) > batch_size:
-                yield batch
-                batch, longest = [], 0
-            batch.append(i)
-            longest = max(longest, length(i))
-        if batch:
-            yield batch
-        empties = [i for i, toks in enumerate(src_tokens) if self.empty_source(toks)]
-        if empties:
-            yield empties
+        """The shard's batches (batching.batches), the empty sources last."""
+        return batching.batches(src_tokens, tgt_tokens, batch_size, batch_type,
+                                self.empty_source)
 
     # -- one batch ------------------------------------------------------------------------
     @inference()
@@ -614,252 +472,5 @@ class Translator:
         if self.opt.replace_unk:
             for i, token_id in enumerate(ids):
                 if token_id == self.tgt_vocab.unk and hyp.attn.size(1) > 0:
-                    tokens[i] = self._phrase(src[int(hyp.attn[i].argmax())])
+                    tokens[i] = phrase(self.phrase_table, src[int(hyp.attn[i].argmax())])
         return tokens
-
-    def _phrase(self, word: str) -> str:
-        """``word``'s translation in -phrase_table, else ``word``. As OpenNMT-py reads the
-        table: the last line that starts with ``word`` (a prefix match) gives it."""
-        phrase = word
-        for line in self.phrase_table:
-            if line.startswith(word):
-                phrase = line.split("|||")[1].strip()
-        return phrase
-
-
-def read_phrase_table(path: str) -> List[str]:
-    """The lines of a -phrase_table file ("source|||target" each); refuses others by line."""
-    if not path:
-        return []
-    lines = list(lines_of(path))
-    for line_number, line in enumerate(lines, 1):
-        if "|||" not in line:
-            raise InputError(f"{path}: line {line_number}: expected 'source|||target', got "
-                             f"{line[:40]!r}")
-    return lines
-
-
-def _line_count(src) -> Optional[int]:
-    """The progress bar's total: the lines of a regular file (read once, fast) or of a list; None
-    for standard input, a pipe or a device, which counting would use up."""
-    if not isinstance(src, str):
-        return len(src) if hasattr(src, "__len__") else None
-    if src == "-" or not os.path.isfile(src):
-        return None
-    with open(src, "rb") as f:
-        data = f.read(1 << 20)
-        count, last = 0, b"\n"
-        while data:
-            count += data.count(b"\n")
-            last = data[-1:]
-            data = f.read(1 << 20)
-    return count + (last != b"\n")
-
-
-def _shards(src, tgt, shard_size: int):
-    """Yields (offset, source lines, target lines or None) of up to ``shard_size`` lines."""
-    src_iter = lines_of(src)
-    tgt_iter = lines_of(tgt) if tgt is not None else None
-    offset = 0
-    while True:
-        src_lines = list(itertools.islice(src_iter, shard_size or None))
-        tgt_lines = None
-        if tgt_iter is not None:
-            tgt_lines = list(itertools.islice(tgt_iter, len(src_lines)))
-            short = len(tgt_lines) < len(src_lines)
-            src_ended = not shard_size or len(src_lines) < shard_size
-            long = src_ended and not short and next(tgt_iter, None) is not None
-            if short or long:
-                n_src = offset + len(src_lines) + sum(1 for _ in src_iter)
-                n_tgt = offset + len(tgt_lines) + long + sum(1 for _ in tgt_iter)
-                name = tgt if isinstance(tgt, str) else "-tgt"
-                raise InputError(f"{name}: has {n_tgt} lines but the source has {n_src}")
-        if not src_lines:
-            return
-        yield offset, src_lines, tgt_lines
-        offset += len(src_lines)
-
-
-def _get(opt, name, default=None):
-    return opt.get(name, default) if isinstance(opt, dict) else getattr(opt, name, default)
-
-
-def _device(gpu: Optional[int]) -> str:
-    """"cpu" for gpu -1 (or None), else "cuda:N" (under torchrun N is the local rank); refuses
-    a GPU this machine does not have."""
-    if gpu is None or gpu < 0:
-        return "cpu"
-    if world()[1] > 1:  # torchrun: each worker on its local rank's GPU
-        gpu = local_rank()
-    if not torch.cuda.is_available():
-        why = ("this torch build has no CUDA support" if torch.version.cuda is None
-               else "no CUDA device is visible")
-        raise ValueError(f"-gpu {gpu}: {why} (-gpu -1 translates on the CPU)")
-    count = torch.cuda.device_count()
-    if gpu >= count:
-        raise ValueError(f"-gpu {gpu}: this machine has {count} GPU(s), ids 0 to {count - 1}")
-    return f"cuda:{gpu}"
-
-
-def build_translator(opt) -> Translator:
-    """Loads ``opt.model`` (native or OpenNMT-py 3.x checkpoint, or Marian directory) and
-    returns a Translator.
-
-    ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision``,
-    ``inter_threads`` and any DecodingOptions field. A model's generation defaults (Marian)
-    apply to the options the user did not give: a dict's keys, or a namespace's
-    ``given_options``.
-    """
-    paths = _get(opt, "model")
-    paths = [paths] if isinstance(paths, str) else list(paths)
-    fields = DecodingOptions.__dataclass_fields__
-    values = {name: _get(opt, name) for name in fields if _get(opt, name) is not None}
-    _check_options(opt, values, len(paths))
-    device = _device(_get(opt, "gpu", -1))
-    threads = torch.get_num_threads()
-    # loading on one torch thread: its few parallel operations (weight initialisation before
-    # the checkpoint's weights replace it, conversions) gain little from more, and an OpenMP
-    # team on a busy CPU waits for its descheduled threads (18% of a one-line run's time)
-    torch.set_num_threads(1)
-    try:
-        models, src_vocab, tgt_vocab, values, transform = _load(opt, paths, values, device)
-    finally:
-        torch.set_num_threads(threads)
-    max_src = None  # the shortest position table of the models, if any has one
-    for m in models:
-        limit = getattr(getattr(m.encoder, "embeddings", None), "max_len", None)
-        if limit is not None:  # a Transformer: the decoder's first input takes position 0
-            max_src = min(max_src or limit, limit)
-            values["max_length"] = min(values.get("max_length", DecodingOptions.max_length),
-                                       m.decoder.embeddings.max_len - 1)
-    model = models[0] if len(models) == 1 else EnsembleModel(
-        models, bool(_get(opt, "avg_raw_probs", False)))
-    options = DecodingOptions(**values)
-    inter_threads = _get(opt, "inter_threads")
-    workers = _get(opt, "workers") or 1
-    translator = Translator(model, src_vocab, tgt_vocab, options, device, max_src,
-                            1 if inter_threads is None else inter_threads, transform, workers)
-    if _get(opt, "compile"):
-        _compile_or_not(translator, models, device)
-    return translator
-
-
-def _compile_or_not(translator: Translator, models: list, device: str) -> None:
-    """-compile: builds (or loads) the model's programs at load (warm_up), on one thread: no
-    OpenMP team is started before a fork (compiled_step.py). Where torch cannot export or
-    compile them, one line says why and the model runs uncompiled."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        translator.warm_up()
-    except Exception as err:  # noqa: BLE001 - any failure of export or compiler: run uncompiled
-        why = next((line for line in str(err).splitlines() if line.strip()), "")
-        logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
-                       "%s): they run uncompiled", device, type(err).__name__, why.strip()[:200])
-        for model in models:
-            model.decoder.compiled_step = model.compiled_output = model.compiled_encoder = None
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _load(opt, paths: List[str], values: dict, device: str):
-    """The models of ``paths`` ready for inference, their vocabularies, the decoding values
-    with the model's generation defaults, and the transform."""
-    path = paths[0]
-    model, ckpt = load_model(path, device)
-    src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
-    given = _get(opt, "given_options")
-    given = set(opt) if given is None and isinstance(opt, dict) else set(given or ())
-    preset = PRESETS.get(values.get("search", "onmt"))  # an unknown one: refused by validate
-    for name, value in preset.defaults if preset else ():
-        if name not in given:  # the toolkit's own default, not onmt_lite's
-            values[name] = value
-    if ckpt.tokenizer.get("kind") == "marian":
-        if _get(opt, "transforms"):
-            raise TransformOptionError("-transforms: a Marian model brings its own tokenizer "
-                                       "(source.spm, target.spm, vocab.json)")
-        transform = marian.build_tokenizer(ckpt.tokenizer, path)
-        _check_pieces_fit(transform, src_vocab, tgt_vocab)
-        values.update(_generation_defaults(ckpt, given, values, path))
-    else:
-        transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path,
-                                    ckpt.subword_models)
-        _check_pieces_fit(transform, src_vocab, tgt_vocab)
-    del ckpt  # its weights are in the model now: free them before quantising, not after
-    models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
-                        for other in paths[1:]]
-    models = [for_inference(m, device, bool(_get(opt, "int8", False)),
-                            _get(opt, "precision", "auto") or "auto", bool(_get(opt, "fast")),
-                            bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
-                            _get(opt, "int8_engine", "auto") or "auto")
-              for m in models]
-    return models, src_vocab, tgt_vocab, values, transform
-
-
-def _check_options(opt, values: dict, models: int) -> None:
-    """Refuses, before any model loads, the numbers out of range among the options given and
-    the combinations build_translator cannot serve (OptionError)."""
-    check_numbers({**values, **{name: _get(opt, name) for name in ("gpu", "threads",
-                                                                    "inter_threads", "workers")
-                                if _get(opt, name) is not None}})
-    if models > 1 and values.get("search", "onmt") != "onmt":
-        raise OptionError("-model: an ensemble decodes with -search onmt only")
-    if (_get(opt, "workers") or 1) > 1 and (_get(opt, "threads") or 1) != 1:
-        raise OptionError("-workers runs one torch thread per process: give -threads 1 (or 0)")
-
-
-def _ensemble_member(path: str, device: str, src_vocab, tgt_vocab, first: str):
-    """Another model of an ensemble: it must read and write the first one's vocabularies."""
-    model, ckpt = load_model(path, device)
-    if ckpt.tokenizer.get("kind") == "marian":
-        raise CheckpointError(f"{path}: a Marian model cannot join an ensemble")
-    if ckpt.src_vocab.itos != src_vocab.itos or ckpt.tgt_vocab.itos != tgt_vocab.itos:
-        raise CheckpointError(f"{path}: its vocabularies differ from those of {first}: the "
-                              "models of an ensemble share one vocabulary")
-    return model
-
-
-FITTING_SHARE = 0.5  # of a subword model's pieces that the model's vocabulary must hold
-
-
-def _check_pieces_fit(transform, src_vocab, tgt_vocab) -> None:
-    """Refuses a subword model made for another model: most of its pieces would be unknown."""
-    if not hasattr(transform, "pieces"):
-        return
-    for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
-        path, pieces = transform.pieces(side)
-        known = sum(piece in vocab.stoi for piece in pieces)
-        if pieces and known < FITTING_SHARE * len(pieces):
-            hint = "" if isinstance(transform, marian.MarianTokenizer) else \
-                f" (wrong -{side}_subword_model?)"
-            raise TransformError(f"{path}: does not fit the model's vocabulary: {known} of "
-                                 f"its {len(pieces)} pieces are in it{hint}")
-
-
-def _generation_defaults(ckpt, given: set, values: dict, path: str) -> dict:
-    """The DecodingOptions values a Marian model's generation settings give where the user
-    gave none, as ``generate()`` applies them."""
-    search = values.get("search", DecodingOptions.search)
-    if search == "ctranslate2":  # as CTranslate2 runs the model its converter makes of it:
-        # no generation settings, and <pad> left out of the vocabulary
-        return {"forced_eos": False, "banned_tokens": [ckpt.tgt_vocab.pad]}
-    try:
-        settings, banned, forced = marian.decoding_settings(
-            ckpt.generation, ckpt.tgt_vocab, search)
-    except marian.MarianError as err:
-        raise CheckpointError(f"{path}: {err}") from None
-    settings = {k: v for k, v in settings.items() if k not in given}
-    if "max_length_ratio" not in given:  # generate() has no limit from the source length
-        settings["max_length_ratio"] = 0.0
-    beam_size = settings.get("beam_size", values.get("beam_size", DecodingOptions.beam_size))
-    onmt = values.get("search", DecodingOptions.search) == "onmt"
-    if onmt and "length_penalty" not in given and beam_size == 1:  # sums, as generate()
-        settings["length_penalty"] = "none"
-    settings["forced_eos"] = forced
-    settings["banned_tokens"] = banned
-    applied = marian.describe({k: v for k, v in settings.items()
-                               if k not in ("max_length_ratio", "forced_eos", "banned_tokens")},
-                              banned, forced, ckpt.tgt_vocab)
-    if applied:
-        logger.info("the model's generation defaults apply: %s", applied)
-    return settings

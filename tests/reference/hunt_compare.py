@@ -82,7 +82,7 @@ class Models:
 
     def translator(self, model: str, options: dict, blocking_bug: bool = False,
                    exact_gaps=None):
-        from onmt_lite.translate.translator import DecodingOptions, Translator, build_translator
+        from onmt_lite.translate import DecodingOptions, Translator, build_translator
         if model not in self.base:
             self.base[model] = build_translator({"model": self.paths[model]})
         base = self.base[model]
