@@ -9,8 +9,14 @@ DESCRIPTION = "translate.py: translate a file with an onmt_lite or OpenNMT-py ch
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """translate.py's parser: one argument group a function, in the order of -h."""
     parser = Parser(prog="translate.py", description=DESCRIPTION)
-    g = parser.add_argument_group("Model")
+    for title, options in GROUPS:
+        options(parser.add_argument_group(title))
+    return parser
+
+
+def _model(g) -> None:
     add(g, "model", nargs="+",
         help="checkpoint (.pt): onmt_lite or OpenNMT-py 3.x, or a Marian directory; several "
              "checkpoints with one vocabulary decode as an ensemble")
@@ -18,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="an ensemble averages the exponentials of the models' logits (default: the "
              "logits), as OpenNMT-py does")
     add(g, "config", help="YAML file of option values; the command line wins")
-    g = parser.add_argument_group("Data")
+
+
+def _data(g) -> None:
     add(g, "src", help="source file, one tokenized sentence per line ('-': standard input)")
     add(g, "tgt", help="reference file: adds GOLD SCORE / GOLD PPL")
     add(g, "output", default="pred.txt", help="output file ('-': standard output)")
@@ -33,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines read, sorted and batched at a time (0: the whole input)")
     add(g, "src_seq_length_trunc", type=integer(0), default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
-    g = parser.add_argument_group("Subword transforms")
+
+
+def _subword_transforms(g) -> None:
     add(g, "transforms", nargs="*",
         choices=["sentencepiece", "onmt_tokenize", "bpe", "filtertoolong"],
         help="raw text in and out through these transforms (not given: the checkpoint's own, "
@@ -49,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"onmt_tokenize: the other pyonmttok.Tokenizer arguments of the {name} side, "
                  "a Python dict such as \"{'mode': 'aggressive', 'joiner_annotate': True}\" "
                  "(not given: {'mode': 'none'})")
-    g = parser.add_argument_group("Beam search")
+
+
+def _beam_search(g) -> None:
     add(g, "search", default="onmt", choices=["onmt", "hf", "fairseq", "ctranslate2", "tf"],
         help="whose beam search, with its meaning of the shared flags: onmt (OpenNMT-py), "
              "hf (Hugging Face generate), fairseq, ctranslate2, or tf (TensorFlow official "
@@ -97,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
              "when positive (Hugging Face's; 1: off)")
     add(g, "renormalize_logits", action="store_true",
         help="-search hf: log-softmax again after bans, minimum length and penalties")
-    g = parser.add_argument_group("Penalties")
+
+
+def _penalties(g) -> None:
     add(g, "length_penalty", default="avg", choices=["none", "avg", "wu"],
         help="none, avg (length^alpha) or wu (((5 + length) / 6)^alpha)")
     add(g, "alpha", type=number(), default=1.0,
@@ -106,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="penalty for source words the attention left uncovered")
     add(g, "beta", type=number(0), default=0.0, help="coverage penalty strength")
     add(g, "stepwise_penalty", action="store_true", help="apply the coverage penalty every step")
-    g = parser.add_argument_group("Random sampling")
+
+
+def _random_sampling(g) -> None:
     add(g, "random_sampling_topk", type=integer(-1), default=0,
         help="sample among the k best (-1: all; 0: no sampling)")
     add(g, "random_sampling_topp", type=number(0, 1), default=0.0,
@@ -114,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "random_sampling_temp", type=number(above=0), default=1.0,
         help="sampling temperature")
     add(g, "seed", type=integer(-1), default=-1, help="random seed (-1: unseeded)")
-    g = parser.add_argument_group("Output and debugging")
+
+
+def _output_and_debugging(g) -> None:
     add(g, "with_score", action="store_true", help="append a tab and the score to each line")
     add(g, "verbose", action="store_true", help="log source, prediction and score per sentence")
     add(g, "attn_debug", action="store_true", help="log the attention matrix per sentence")
@@ -126,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(bar, "progress", action="store_true",
         help="show a progress bar even when standard error is not a terminal")
     add(bar, "no_progress", action="store_true", help="never show a progress bar")
-    g = parser.add_argument_group("Device")
+
+
+def _device(g) -> None:
     add(g, "gpu", type=integer(-1), default=-1, help="GPU id (-1: CPU)")
     add(g, "threads", type=integer(0), default=0,
         help="torch intra-op threads (0: torch's default, shared among -inter_threads)")
@@ -158,4 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
              "(weights stored in bf16; fast on CPUs with AMX or AVX-512 BF16); mixed: CPU, "
              "bf16 products in the encoder and decoder, the output layer's fp32; auto: mixed "
              "for -fast or -compile on a CPU with AMX (without -int8), else fp32")
-    return parser
+
+
+# the argument groups of -h, in order
+GROUPS = (("Model", _model), ("Data", _data), ("Subword transforms", _subword_transforms),
+          ("Beam search", _beam_search), ("Penalties", _penalties),
+          ("Random sampling", _random_sampling), ("Output and debugging", _output_and_debugging),
+          ("Device", _device))
