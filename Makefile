@@ -14,7 +14,7 @@ demo: $(VENV)/.installed
 	$(PY) translate.py -model data/multi30k_en_de_raw.pt -src data/demo.en -output - -beam_size 5
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 $(VENV)/.installed: setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
