@@ -20,8 +20,8 @@ httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
 
 from test_serve import DEMO, MODEL, ROOT, Server, app_for, free_port  # noqa: E402
 
-from onmt_lite.serve.app import BodyLimit  # noqa: E402
 from onmt_lite.serve.config import ModelSpec  # noqa: E402
+from onmt_lite.serve.middleware import BodyLimit  # noqa: E402
 
 FORM = "application/x-www-form-urlencoded"
 

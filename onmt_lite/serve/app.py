@@ -5,19 +5,19 @@ import asyncio
 import json
 import logging
 import os
-import time
-from typing import Dict, List, Optional, Set, Tuple
-from urllib.parse import unquote_to_bytes
+from typing import Dict, List, Optional, Set
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.formparsers import MultiPartException
 
 from onmt_lite.serve.batcher import QueueFull
 from onmt_lite.serve.config import ConfError
+from onmt_lite.serve.forms import NotText, TextFields, charset, pairs
 from onmt_lite.serve.languages import language_name
 from onmt_lite.serve.limits import LimitError, Limits
 from onmt_lite.serve.metrics import CONTENT_TYPE_LATEST
+from onmt_lite.serve.middleware import BodyLimit, InFlight, Measure, disconnected
 from onmt_lite.serve.models import ModelUnavailable, Registry, ServedModel, TranslationFailed
 
 logger = logging.getLogger("onmt_lite")
@@ -28,170 +28,6 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, headers: Optional[Dict[str, str]] = None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
-
-
-class BodyLimit:
-    """ASGI middleware: a body over ``limit`` bytes gets 413, whether it announces its length
-    or streams it in chunks (neither uvicorn nor Starlette bounds a body).
-
-    Most clients (urllib, requests) send the whole body before they read the answer, and closing
-    a connection that still holds unread bytes resets it: such a client would never see the 413.
-    So the rest of the body is read and dropped first, up to ``discard`` bytes in all and for at
-    most ``discard_s`` seconds (a body that announces more, or waits for ``Expect:
-    100-continue``, is answered at once); the 413 says ``Connection: close``, so that an endless
-    body holds its connection no longer than that."""
-
-    def __init__(self, app, limit: int, discard: Optional[int] = None, discard_s: float = 10.0):
-        self.app, self.limit, self.discard_s = app, limit, discard_s
-        self.discard = max(16 * limit, 16 << 20) if discard is None else discard
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        announced = int(length) if length is not None and length.isdigit() else None
-        too_big = announced is not None and announced > self.limit
-        chunks, size, more = [], 0, True
-        while more and not too_big:
-            message = await receive()
-            if message["type"] != "http.request":
-                return await self.app(scope, _replay([message], receive), send)
-            chunks.append(message)
-            size += len(message.get("body", b""))
-            more = message.get("more_body", False)
-            too_big = size > self.limit
-        if too_big:
-            chunks.clear()
-            waits = headers.get(b"expect", b"").lower() == b"100-continue" and size == 0
-            if more and not waits and (announced or 0) <= self.discard:
-                await self._drop_rest(receive, size)
-            error = JSONResponse({"error": f"the request body is over {self.limit} bytes "
-                                           "(-max_request_bytes)"}, status_code=413,
-                                 headers={"Connection": "close"})
-            return await error(scope, receive, send)
-        await self.app(scope, _replay(chunks, receive), send)
-
-    async def _drop_rest(self, receive, size: int) -> None:
-        """Reads the body's remaining messages, dropping them, until its end, a disconnect,
-        ``discard`` bytes read in all or ``discard_s`` seconds."""
-        async def drop(size: int) -> None:
-            while size <= self.discard:
-                message = await receive()
-                if message["type"] != "http.request" or not message.get("more_body"):
-                    return
-                size += len(message.get("body", b""))
-        try:
-            await asyncio.wait_for(drop(size), self.discard_s)
-        except asyncio.TimeoutError:
-            pass
-
-
-class InFlight:
-    """ASGI middleware: at most ``limit`` requests in flight; one more is answered at once with
-    503, ``Retry-After`` and a JSON error (uvicorn's own ``limit_concurrency`` answers a plain
-    503 without Retry-After, and counts idle connections too). The probes and /metrics are
-    always answered: a busy server is alive and ready."""
-    PROBES = frozenset({"/health", "/ready", "/metrics", "/translator/health"})
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit, self.active = app, limit, 0
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in self.PROBES:
-            return await self.app(scope, receive, send)
-        if self.active >= self.limit:
-            busy = JSONResponse({"error": f"the server is busy: {self.active} requests in "
-                                          f"flight, its limit (-max_connections)"},
-                                status_code=503, headers={"Retry-After": "1"})
-            return await busy(scope, receive, send)
-        self.active += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.active -= 1
-
-
-class Measure:
-    """ASGI middleware: each request's route, status and seconds, into the metrics (plain ASGI:
-    Starlette's ``BaseHTTPMiddleware`` took a sixth of the server process's time per request)."""
-
-    def __init__(self, app, metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start, status = time.monotonic(), [500]
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-        await self.app(scope, receive, sending)
-        route = getattr(scope.get("route"), "path", "other")  # set by the router, in place
-        self.metrics.request(route, status[0], time.monotonic() - start)
-
-
-def _replay(messages, receive):
-    """A receive that gives ``messages`` (the body, read already), then passes on to the
-    connection's own ``receive``: its next message is the client's disconnect, when it comes."""
-    pending = list(messages)
-
-    async def replayed():
-        if pending:
-            return pending.pop(0)
-        return await receive()
-    return replayed
-
-
-async def _disconnect(receive) -> None:
-    """Returns when the client has gone (``receive`` called after the body was read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class NotText(Exception):
-    """A form field whose bytes are not text in the form's character set."""
-
-    def __init__(self, field: str):
-        super().__init__(field)
-        self.field = field
-
-
-class _TextFields(MultiPartParser):
-    """Starlette's multipart parser, except that a field that is not valid text raises NotText
-    (Starlette reads it as Latin-1 instead)."""
-
-    def on_part_end(self) -> None:
-        part = self._current_part
-        if part.file is None:
-            try:
-                bytes(part.data).decode(self._charset)
-            except UnicodeDecodeError:
-                raise NotText(part.field_name) from None
-        super().on_part_end()
-
-
-def _pairs(raw: bytes, where: str = "") -> List[Tuple[str, str]]:
-    """The name=value pairs of a query string or an urlencoded body, percent-decoded and read as
-    UTF-8 (Starlette replaces what is not UTF-8 with U+FFFD, silently). Raises ApiError 400
-    naming the first field that is not UTF-8."""
-    pairs = []
-    for item in raw.split(b"&"):
-        if not item:
-            continue
-        name, _, value = item.partition(b"=")
-        name, value = (unquote_to_bytes(part.replace(b"+", b" ")) for part in (name, value))
-        try:
-            field = name.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, f"a field name{where}: not valid UTF-8") from None
-        try:
-            pairs.append((field, value.decode("utf-8")))
-        except UnicodeDecodeError:
-            raise ApiError(400, f"{field[:100]}{where}: not valid UTF-8") from None
-    return pairs
 
 
 def create_app(registry: Registry, limits: Limits = Limits(),
@@ -249,7 +85,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             raise ApiError(503, "the server is shutting down", {"Retry-After": "5"})
         work = asyncio.ensure_future(asyncio.wait_for(model.translate(lines, n_best, attention),
                                                       limits.timeout))
-        gone = asyncio.ensure_future(_disconnect(request.receive))
+        gone = asyncio.ensure_future(disconnected(request.receive))
         try:
             await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -380,15 +216,21 @@ def create_app(registry: Registry, limits: Limits = Limits(),
             if not isinstance(data, dict):
                 raise ApiError(400, "the JSON body must be an object")
             return data
-        values = dict(_pairs(request.scope.get("query_string", b""), " (query string)"))
+        try:
+            values = dict(pairs(request.scope.get("query_string", b"")))
+        except NotText as err:
+            raise ApiError(400, f"{err.field} (query string): not valid UTF-8") from None
         if content_type == "application/x-www-form-urlencoded":
-            values.update(_pairs(await request.body()))
+            try:
+                values.update(pairs(await request.body()))
+            except NotText as err:
+                raise ApiError(400, f"{err.field}: not valid UTF-8") from None
         elif content_type == "multipart/form-data":
             try:
-                form = await _TextFields(request.headers, request.stream()).parse()
+                form = await TextFields(request.headers, request.stream()).parse()
             except NotText as err:
                 raise ApiError(400, f"{err.field[:100]}: not valid "
-                                    f"{_charset(request).upper()}") from None
+                                    f"{charset(request).upper()}") from None
             except MultiPartException:
                 raise ApiError(400, "the form body cannot be read") from None
             values.update((k, v) for k, v in form.items() if isinstance(v, str))
@@ -551,15 +393,6 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     if limits.max_request_bytes > 0:
         app = BodyLimit(app, limits.max_request_bytes)
     return InFlight(app, limits.max_connections) if limits.max_connections > 0 else app
-
-
-def _charset(request: Request) -> str:
-    """The character set a form's Content-Type names (UTF-8 when none)."""
-    for param in request.headers.get("content-type", "").split(";")[1:]:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset":
-            return value.strip().strip('"') or "utf-8"
-    return "utf-8"
 
 
 def _int(text: str) -> int:
