@@ -35,7 +35,7 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 120
 # over the limits before these were set, and being reworked on their own: no new ones may join
 LONG_MODULES = {"onmt_lite/search/finishing.py"}
-LONG_FUNCTIONS = {"onmt_lite/search/loop.py:search_steps", "onmt_lite/serve/app.py:create_app"}
+LONG_FUNCTIONS = {"onmt_lite/search/loop.py:search_steps"}
 
 
 def modules() -> dict:
