@@ -34,7 +34,7 @@ ENTRY_POINTS = {"onmt_lite": {"translate"}, "onmt_lite.__main__": {"cli"}}
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 120
 # over the limits before these were set, and being reworked on their own: no new ones may join
-LONG_MODULES = {"onmt_lite/search/finishing.py"}
+LONG_MODULES = set()
 LONG_FUNCTIONS = {"onmt_lite/search/loop.py:search_steps"}
 
 

@@ -23,7 +23,7 @@ class Search:
     """One search, as the loop runs it.
 
     Args:
-        rule: the finishing rule (finishing.py), made for this batch.
+        rule: the finishing rule (search/finishing/), made for this batch.
         processors: edit the step's log-probabilities (min length, bans, penalties).
         candidate_processors: edit the ranked candidate scores (OpenNMT-py's n-gram block).
         selection: TopK, or a Sampler (one hypothesis per sentence).
