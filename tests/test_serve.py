@@ -298,18 +298,27 @@ def free_port() -> int:
 
 
 class Server:
-    """``onmt_lite serve`` as a process, on ``model`` (en -> de) with ``options``."""
+    """``onmt_lite serve`` as a process, on ``model`` (en -> de) with ``options``; its log is
+    read as it comes (a long run's log would fill a pipe nobody reads), and it starts under a
+    soft limit of ``nofile`` open files when given."""
 
-    def __init__(self, *options, model=MODEL, start_s=60):
+    def __init__(self, *options, model=MODEL, start_s=60, nofile=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log, limit = [], None
+        if nofile is not None:
+            import resource
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))  # noqa: E731
         self.process = subprocess.Popen(
             [sys.executable, "-m", "onmt_lite", "serve", "-model", model, "-src_lang", "en",
              "-tgt_lang", "de", "-port", str(self.port), *options],
-            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            preexec_fn=limit)
+        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
         deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stderr.read()
+            assert self.process.poll() is None, "".join(self.log)
             try:
                 if httpx.get(self.url + "/ready").status_code == 200:
                     return

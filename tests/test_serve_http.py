@@ -6,9 +6,6 @@ import json
 import re
 import resource
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +15,7 @@ import pytest
 fastapi = pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
 
-from test_serve import DEMO, MODEL, ROOT, Server, app_for, free_port  # noqa: E402
+from test_serve import DEMO, MODEL, Server, app_for  # noqa: E402
 
 from onmt_lite.serve.config import ModelSpec  # noqa: E402
 from onmt_lite.serve.middleware import BodyLimit  # noqa: E402
@@ -27,33 +24,7 @@ FORM = "application/x-www-form-urlencoded"
 
 
 class Process(Server):
-    """``onmt_lite serve`` as a process whose log is read as it comes (a long run's access log
-    would fill a pipe nobody reads), optionally started under a soft limit of ``nofile`` open
-    files."""
-
-    def __init__(self, *options, nofile=None, start_s=60):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log, limit = [], None
-        if nofile is not None:
-            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-            limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))  # noqa: E731
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "onmt_lite", "serve", "-model", MODEL, "-src_lang", "en",
-             "-tgt_lang", "de", "-port", str(self.port), *options],
-            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            preexec_fn=limit)
-        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
-        deadline = time.monotonic() + start_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, "".join(self.log)
-            try:
-                if httpx.get(self.url + "/ready").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"the server did not become ready in {start_s} s")
+    """``onmt_lite serve`` as a process (test_serve.Server), with its metrics and memory."""
 
     def metric(self, name: str) -> float:
         text = httpx.get(self.url + "/metrics", timeout=10).text
