@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from onmt_lite import marian, onmt_py, transforms
+from onmt_lite import argos, ct2_format, ct2_model, marian, onmt_py, transforms
 from onmt_lite.models.model import NMTModel, build_model, model_options
 from onmt_lite.vocab import DEFAULT_SPECIALS, Vocab
 
@@ -37,11 +37,15 @@ class Checkpoint:
     model_state: dict
     generator_state: dict
     train_state: dict = field(default_factory=dict)
-    origin: str = FORMAT  # "onmt_lite", "opennmt-py" or "marian"
+    origin: str = FORMAT  # "onmt_lite", "opennmt-py", "marian", "ctranslate2" or "argos"
     generation: dict = field(default_factory=dict)  # Hugging Face generation defaults
     tokenizer: dict = field(default_factory=dict)  # a Marian tokenizer's files (marian.py)
     # the subword model files of the transform: {"src_subword_model": bytes, ...}
     subword_models: dict = field(default_factory=dict)
+    # CTranslate2 models (ct2_model.py): each side's position table, {"encoder": (P, H), ...},
+    # which replaces the computed one; the int8 weights as stored, {name: (int8, scale)}
+    position_tables: dict = field(default_factory=dict)
+    int8_weights: dict = field(default_factory=dict)
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -132,8 +136,10 @@ def _not_a_checkpoint(path: str, head: bytes, detail: str = "") -> CheckpointErr
 
 def _read(path: str) -> dict:
     if os.path.isdir(path):
-        raise CheckpointError(f"{path}: is a directory; expected a checkpoint file (.pt) or a "
-                              "Hugging Face Marian directory (with config.json)")
+        raise CheckpointError(f"{path}: is a directory; expected a checkpoint file (.pt), a "
+                              "Hugging Face Marian directory (with config.json), a CTranslate2 "
+                              "model directory (with model.bin) or an Argos Translate package "
+                              "(with metadata.json)")
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -162,8 +168,19 @@ def _read(path: str) -> dict:
 
 
 def load_checkpoint(path: str) -> Checkpoint:
-    """Reads and validates a native or OpenNMT-py 3.x checkpoint, or a Hugging Face Marian
-    directory."""
+    """Reads and validates a native or OpenNMT-py 3.x checkpoint, a Hugging Face Marian
+    directory, a CTranslate2 model directory or an Argos Translate package (folder or
+    .argosmodel)."""
+    if argos.is_package(path):
+        try:
+            return Checkpoint(**argos.read_package(path))
+        except (argos.ArgosError, ct2_model.CT2Error) as err:
+            raise CheckpointError(str(err)) from None
+    if ct2_format.is_model_dir(path):  # before Marian: both hold a config.json
+        try:
+            return Checkpoint(**ct2_model.read_ct2(path))
+        except ct2_model.CT2Error as err:
+            raise CheckpointError(str(err)) from None
     if marian.is_marian_dir(path):
         try:
             return Checkpoint(**marian.read_marian(path))
@@ -237,7 +254,18 @@ def build_from_checkpoint(ckpt: Checkpoint, path: str = "checkpoint") -> NMTMode
                                       f"value{'s' if bad > 1 else ''} (nan or inf): the model "
                                       "cannot translate")
     model.load_state_dict(state)
+    _install_position_tables(model, ckpt.position_tables, path)
     return model
+
+
+def _install_position_tables(model: NMTModel, tables: dict, path: str) -> None:
+    """A CTranslate2 model's position tables in place of the computed ones."""
+    for side, table in tables.items():
+        embeddings = getattr(model, side).embeddings
+        if table.shape != embeddings.pe.shape:
+            raise CheckpointError(f"{path}: the {side}'s position table has shape "
+                                  f"{tuple(table.shape)}, the model's {tuple(embeddings.pe.shape)}")
+        embeddings.pe.copy_(table)
 
 
 def load_model(path: str, device: str = "cpu"):

@@ -5,11 +5,11 @@ from typing import List, Optional
 
 import torch
 
-from onmt_lite import marian
+from onmt_lite import argos, ct2_model, marian
 from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.errors import OptionError
 from onmt_lite.models.ensemble import EnsembleModel
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.inference import for_inference, uncompile
 from onmt_lite.search.presets import PRESETS
 from onmt_lite.transforms import TransformError, TransformOptionError, build_transform
 from onmt_lite.translate.distributed import local_rank, world
@@ -97,8 +97,23 @@ def _load(opt, paths: List[str], values: dict, device: str):
     model, ckpt = load_model(path, device)
     src_vocab, tgt_vocab = ckpt.src_vocab, ckpt.tgt_vocab
     given = _given(opt)
-    _search_defaults(values, given)
-    if ckpt.tokenizer.get("kind") == "marian":
+    kind = ckpt.tokenizer.get("kind")
+    applied = {}
+    if kind == "argos":  # its search first: that search's own defaults fill the rest
+        applied = argos.decoding_defaults(given)
+        values.update(applied)
+        if applied.get("replace_unk"):  # it reads the attention, which the caller may not keep
+            values["keep_attention"] = True
+        if applied:
+            logger.info("the package's decoding defaults apply (Argos Translate's): %s",
+                        argos.describe(applied))
+    _search_defaults(values, given | set(applied))
+    if kind in ("ctranslate2", "argos"):
+        transform = _ct2_transform(opt, ckpt, path)
+        _check_pieces_fit(transform, src_vocab, tgt_vocab)
+        values["banned_tokens"] = sorted(set(values.get("banned_tokens") or ())
+                                         | set(ckpt.tokenizer["absent"]))
+    elif kind == "marian":
         if _get(opt, "transforms"):
             raise TransformOptionError("-transforms: a Marian model brings its own tokenizer "
                                        "(source.spm, target.spm, vocab.json)")
@@ -118,6 +133,26 @@ def _load(opt, paths: List[str], values: dict, device: str):
                             _get(opt, "int8_engine", "auto") or "auto")
               for m in models]
     return models, src_vocab, tgt_vocab, values, transform
+
+
+def _ct2_transform(opt, ckpt, path: str):
+    """A CTranslate2 model's text handling: an Argos package's sentencepiece model, or the
+    plain model's whitespace-split tokens (with the <s> and </s> its config adds; None:
+    nothing added)."""
+    if _get(opt, "transforms"):
+        raise TransformOptionError(f"-transforms: {path} reads "
+                                   + ("raw text through its own sentencepiece model"
+                                      if ckpt.origin == "argos" else
+                                      "tokens as its vocabulary holds them"))
+    files = ckpt.tokenizer
+    if files["kind"] == "argos":
+        try:
+            return argos.ArgosTokenizer(files, path)
+        except argos.ArgosError as err:
+            raise CheckpointError(str(err)) from None
+    bos = ckpt.src_vocab.specials["bos"] if files["add_source_bos"] else None
+    eos = ckpt.src_vocab.specials["eos"] if files["add_source_eos"] else None
+    return ct2_model.SourceMarks(bos, eos) if bos or eos else None
 
 
 def _given(opt) -> set:
@@ -219,6 +254,6 @@ def _compile_or_not(translator: Translator, models: list, device: str) -> None:
         logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
                        "%s): they run uncompiled", device, type(err).__name__, why.strip()[:200])
         for model in models:
-            model.decoder.compiled_step = model.compiled_output = model.compiled_encoder = None
+            uncompile(model)
     finally:
         torch.set_num_threads(threads)
