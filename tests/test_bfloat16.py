@@ -12,7 +12,7 @@ from onmt_lite.models.bfloat16 import (
     has_bf16_units,
     to_bfloat16,
 )
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.inference import for_inference
 
 TOLERANCE = 2e-2  # bf16 keeps 8 significant bits; these products sum 16-32 terms
 
@@ -133,7 +133,7 @@ def test_mixed_keeps_the_output_layer_in_fp32(model_case, padded_batch):
     (True, {"compile": True}, "mixed"),
 ])
 def test_auto_picks_mixed_for_the_fast_path_on_amx(monkeypatch, amx, options, picked):
-    from onmt_lite.models import model as model_module
+    from onmt_lite.models import inference as model_module
     monkeypatch.setattr(model_module, "has_amx", lambda: amx)
     flags = dict({"fast": False, "int8": False, "compile": False}, **options)
     assert model_module.pick_precision("auto", "cpu", **flags) == picked

@@ -17,10 +17,10 @@ import torch
 from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
-from onmt_lite.models import fast
+from onmt_lite.models import aot, compiled_step, fast, inference
 from onmt_lite.models.bfloat16 import Bfloat16Linear
 from onmt_lite.models.compiled_step import CompiledStep
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.inference import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +215,7 @@ def test_the_source_programs_are_the_encoder_and_the_layers(opt, src_vocab, tgt_
 
     def build(program, *_):
         return lambda src, src_len: lengths.append(src.size(1)) or program(src, src_len)
-    programs = {bf16: fast.compile_encoder(model.encoder, build, bf16) for bf16 in (False, True)}
+    programs = {bf16: compiled_step.compile_encoder(model.encoder, build, bf16) for bf16 in (False, True)}
     with torch.inference_mode():
         for rows, length in ((slice(0, 3), 5), (slice(2, 3), 1)):
             expected, _ = model.encoder(src[rows, :length], src_len[rows])
@@ -237,7 +237,7 @@ def test_compiled_programs_make_their_own_bf16_products(precision, src_vocab, tg
                                                         monkeypatch):
     """With -compile the encoder and the decoder keep their fp32 weights for their programs,
     which round their products to bf16 themselves; the output layer is bf16 only in bf16."""
-    monkeypatch.setattr(fast, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
     model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
     model = for_inference(model, "cpu", precision=precision, compile=True)
     assert model.compiled_encoder.module.bf16 and model.decoder.compiled_step.bf16
@@ -252,7 +252,7 @@ def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_voc
     model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         model = for_inference(model, "cpu", int8=True, compile=True)
-    assert [r.getMessage() for r in caplog.records] == [f"-compile -int8: {fast.INT8_UNCOMPILED}"]
+    assert [r.getMessage() for r in caplog.records] == [f"-compile -int8: {inference.INT8_UNCOMPILED}"]
     layer = model.decoder.layers[0]
     assert isinstance(layer, fast.FastDecoderLayer)
     assert model.decoder.compiled_step is None
@@ -262,9 +262,9 @@ def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_voc
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):
     from torch._inductor import config
     monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-c++-compiler"))
-    assert "no C++ compiler found" in fast.compiler_problem()
+    assert "no C++ compiler found" in aot.compiler_problem()
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
-        assert fast.aot_compiler() is None
+        assert aot.aot_compiler() is None
     assert [r.getMessage() for r in caplog.records] == [
         "-compile: no C++ compiler found (looked for no-such-c++-compiler; set CXX to one): the "
         "model runs uncompiled"]
@@ -279,7 +279,7 @@ def test_a_step_torch_cannot_compile_runs_uncompiled_after_one_line(tmp_path, mo
 
     def failing(program, args, shapes, name):
         raise RuntimeError("prims::convert_element_type() Expected a value of type 'Tensor'")
-    monkeypatch.setattr(fast, "aot_compiler", lambda cache_dir="": failing)
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": failing)
     lines = ["a b c", "d e f a"]
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         translator = build_translator({"model": model, "compile": True, "beam_size": 3})
@@ -320,7 +320,7 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 """
 
 
-@pytest.mark.skipif(fast.compiler_problem() is not None, reason="no C++ compiler here")
+@pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
     """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (the
     first step, one row per sentence, and the steps after it, three per sentence), one of the
@@ -516,7 +516,7 @@ def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab, padded_ba
             [memory[row, length - 1, :half], memory[row, 0, half:]]))
     # its translations are those of torch's quantize_dynamic of the fast model with these layers
     recipe = make_model(opt, src_vocab, tgt_vocab, 2)
-    fast.to_fast(recipe.decoder, int8=True)
+    fast.to_fast(recipe.decoder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         recipe = torch.ao.quantization.quantize_dynamic(

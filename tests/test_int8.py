@@ -7,7 +7,7 @@ from torch import nn
 
 from onmt_lite.errors import OptionError
 from onmt_lite.models import int8
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.inference import for_inference
 from onmt_lite.translate import DecodingOptions, Translator
 
 ENGINES = [e for e in ("fbgemm", "onednn") if e in torch.backends.quantized.supported_engines]

@@ -4,7 +4,8 @@ import torch
 from conftest import SRC_WORDS, TINY_MODELS, make_model
 
 import onmt_lite.translate.translator as translator_module
-from onmt_lite.models.model import for_inference, replica
+from onmt_lite.models.inference import for_inference
+from onmt_lite.models.model import replica
 from onmt_lite.translate import DecodingOptions, Translator
 from onmt_lite.translate.workers import WorkerPool
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from onmt_lite.models import shared_step
-from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep
-from onmt_lite.models.fast import compile_encoder
+from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
 from onmt_lite.translate.build import build_translator

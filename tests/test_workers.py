@@ -7,7 +7,7 @@ import torch
 from conftest import SRC_WORDS, TINY_MODELS, make_model, tiny_checkpoint
 
 from onmt_lite.cli import translate as translate_cli
-from onmt_lite.models.model import for_inference
+from onmt_lite.models.inference import for_inference
 from onmt_lite.translate import DecodingOptions, Translator, build_translator
 from onmt_lite.translate import workers as workers_module
 

@@ -44,19 +44,18 @@ finished rows kept and masked instead of dropped, and one capacity for the whole
 import hashlib
 import os
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from onmt_lite.constants import MASKED_LOGIT
+from onmt_lite.models import fast
+from onmt_lite.models.aot import Builder
 from onmt_lite.models.attention import masked_bias
 from onmt_lite.models.rnn import padding_mask
+from onmt_lite.models.transformer import TransformerEncoder
 
-# a builder: (a program's module, example arguments, their dynamic shapes, a name for what the
-# program is made of) -> a function of the same arguments returning the outputs as a list (see
-# fast.aot_compiler)
-Builder = Callable[[nn.Module, tuple, dict, str], Callable]
 EXAMPLE_SOURCES, EXAMPLE_LENGTH, EXAMPLE_CAPACITY = 2, 3, 16
 # oneDNN keeps a kernel for every bf16 product shape it meets (~0.3 MiB each, bfloat16.py): the
 # encoder's products have B x S rows, so sources are padded to a multiple of 8 positions (a
@@ -240,8 +239,7 @@ def _made_of(modules) -> str:
             digest.update(key.encode())
             digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8)
                           .numpy().tobytes())
-    # the fast layers the programs trace live in fast.py (read as a file: it imports this one)
-    for path in (__file__, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast.py")):
+    for path in (__file__, fast.__file__):  # the fast layers the programs trace
         with open(path, "rb") as code:
             digest.update(code.read())
     return digest.hexdigest()
@@ -361,3 +359,13 @@ class CompiledStep:
         if self.made_of is None:
             self.made_of = _made_of(self.decoder_modules)
         return f"{kind}-" + _name(self.made_of, self.decoder_modules[0].weight.device, *parts)
+
+
+def compile_encoder(encoder: nn.Module, build: Builder,
+                    bf16: bool = False) -> Optional[CompiledEncoder]:
+    """A Transformer encoder as a program (its layers as FastEncoderLayers) that ``build``
+    compiles at the first batch; None for another encoder."""
+    if not isinstance(encoder, TransformerEncoder):
+        return None
+    return CompiledEncoder(encoder, nn.ModuleList(fast.FastEncoderLayer(layer)
+                                                  for layer in encoder.layers), build, bf16)

@@ -30,14 +30,10 @@ rounding:
   output projection's context half, since the context is a weighted sum of memory rows;
 - tanh computed from a sigmoid (``sigmoid_tanh``);
 - with ``-int8``, the decoder's cells and the encoder's LSTM or GRU quantised as well as the
-  linear layers (see model.for_inference).
+  linear layers (see inference.for_inference).
 """
-import logging
 import math
-import os
-import shutil
-import sys
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -45,86 +41,16 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention, masked_bias
-from onmt_lite.models.compiled_step import Builder, CompiledEncoder, CompiledStep
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import (
     DecoderLayer,
     EncoderLayer,
     Residual,
     TransformerDecoder,
-    TransformerEncoder,
 )
-
-logger = logging.getLogger("onmt_lite")
 
 FEW_KEYS = 8  # below this many keys one query row's attention goes elementwise
 MAX_TABLE_BYTES = 256 << 20  # the RNN's embedding products: V x 4H floats (LSTM)
-
-DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                             "onmt_lite", "compiled")
-# the user's choice, read before Inductor's import sets the variable to its own default
-USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-
-
-def compiler_problem() -> Optional[str]:
-    """Why -compile cannot build CPU code here, or None if it can: no C++ compiler (Inductor's
-    setting if it is loaded, else its default, $CXX or g++, clang++ on macOS). Inductor itself
-    (2 s to import) is imported only to compile, not to load a compiled package."""
-    config = sys.modules.get("torch._inductor.config")
-    if config is not None:
-        cxx = config.cpp.cxx
-        candidates = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
-    else:
-        candidates = [os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")]
-    if not any(shutil.which(c) for c in candidates):
-        return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
-    return None
-
-
-def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
-    """A Builder that exports a step program, compiles it by AOTInductor (frozen, serial code)
-    and keeps the package in ``cache_dir`` (default: the user's cache), or loads the package a
-    previous process made; where no compiler is found, says so in one line and returns None."""
-    problem = compiler_problem()
-    if problem:
-        logger.warning("-compile: %s: the model runs uncompiled", problem)
-        return None
-    directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
-
-    def build(module: nn.Module, args: tuple, shapes: dict, name: str) -> Callable:
-        path = os.path.join(directory, f"{name}.pt2")
-        if not os.path.exists(path):
-            os.makedirs(directory, exist_ok=True)
-            logger.info("-compile: compiling %s (once: kept in %s)", name, directory)
-            from torch._inductor import aoti_compile_and_package, config
-            with torch.inference_mode(False), torch.no_grad(), config.patch(
-                    {"cpp.threads": 1, "freezing": True, "compile_threads": 1}):
-                program = torch.export.export(module, args, dynamic_shapes=shapes)
-                partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
-                aoti_compile_and_package(program, package_path=partial)
-            os.replace(partial, path)  # a crash never leaves half a package under its name
-        return load_package(path)
-    return build
-
-
-def load_package(path: str) -> Callable:
-    """An AOTInductor package's program, as a function of the exported module's arguments
-    (tensors and lists of tensors) that returns its outputs as a list. torch's own loader
-    (aoti_load_package) first imports its serialisation code and probes every vector
-    instruction set by building test programs (2-4 s in all), only to warn where a package was
-    made for other ones (its name here holds the CPU's: compiled_step._name), and flattens the
-    arguments with a tree spec it decodes at every call: its loader underneath is called
-    directly where this torch has it."""
-    try:
-        from torch._C._aoti import AOTIModelPackageLoader
-    except ImportError:
-        from torch._inductor import aoti_load_package
-        return aoti_load_package(path)
-    run = AOTIModelPackageLoader(path, "model", False, 1, -1).boxed_run
-
-    def program(*args):
-        return run([t for arg in args for t in (arg if isinstance(arg, list) else [arg])])
-    return program
 
 
 def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Linear:
@@ -137,12 +63,6 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Lin
             linear.bias.copy_(bias)
     return linear
 
-
-# torch's tracing cannot take an int8 product's packed weights (torch.compile split its code at
-# each one: 1.25-1.30x the uncompiled step's time), and a program quantised by torchao's PT2E
-# flow took 2.2x the bf16 program's time a step
-INT8_UNCOMPILED = ("the compiled step has no int8 products (torch cannot trace those of "
-                   "-int8): the -fast -int8 step runs uncompiled")
 
 # torch's int8 products as their C++ functions: the torch.ops entry point spends ~12 us a call
 # looking for the stand-in arguments that only torch.compile's tracing passes
@@ -430,29 +350,11 @@ def fold_rnn(decoder: InputFeedRNNDecoder) -> None:
     decoder.attn = FoldedGlobalAttention(decoder.attn)
 
 
-def compile_encoder(encoder: nn.Module, build: Builder,
-                    bf16: bool = False) -> Optional[CompiledEncoder]:
-    """-compile: a Transformer encoder as a program (its layers as FastEncoderLayers) that
-    ``build`` compiles at the first batch; None for another encoder."""
-    if not isinstance(encoder, TransformerEncoder):
-        return None
-    return CompiledEncoder(encoder, nn.ModuleList(FastEncoderLayer(layer)
-                                                  for layer in encoder.layers), build, bf16)
-
-
-def to_fast(decoder: nn.Module, compile: bool = False, cache_dir: str = "",
-            int8: bool = False, bf16: bool = False) -> nn.Module:
-    """Puts a decoder on the fast path, in place: a TransformerDecoder's layers, its step
-    compiled whole if ``compile`` and not ``int8`` (to be quantised next), with bf16 products
-    if ``bf16``; an input-feeding RNN decoder's folds (uncompiled). Returns the decoder."""
+def to_fast(decoder: nn.Module) -> nn.Module:
+    """Puts a decoder on the fast path, in place: a TransformerDecoder's layers as
+    FastDecoderLayers, an input-feeding RNN decoder's folds. Returns the decoder."""
     if isinstance(decoder, InputFeedRNNDecoder):
         fold_rnn(decoder)
     elif isinstance(decoder, TransformerDecoder):
-        if compile and int8:
-            logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
-            compile = False
         decoder.layers = nn.ModuleList(FastDecoderLayer(layer) for layer in decoder.layers)
-        build = aot_compiler(cache_dir) if compile else None
-        if build is not None:
-            decoder.compiled_step = CompiledStep(decoder, build, bf16)
     return decoder

@@ -6,11 +6,6 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from onmt_lite.errors import OptionError
-from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
-from onmt_lite.models.compiled_step import CompiledOutput
-from onmt_lite.models.fast import compile_encoder, to_fast
-from onmt_lite.models.int8 import quantize
 from onmt_lite.models.rnn import InputFeedRNNDecoder, RNNEncoder
 from onmt_lite.models.transformer import (
     ACTIVATIONS,
@@ -43,7 +38,7 @@ class NMTModel(nn.Module):
     def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
-        # -compile: the encoder, and log_probs of a step's rows, as programs (compiled_step.py)
+        # -compile: the encoder, and log_probs of a step's rows, as programs (inference.py)
         self.compiled_encoder = self.compiled_output = None
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> Tuple[torch.Tensor, Optional[tuple]]:
@@ -149,60 +144,3 @@ def inference():
     """
     with torch.inference_mode(), torch._C.DisableTorchFunctionSubclass():
         yield
-
-
-def pick_precision(precision: str, device: str, fast: bool, int8: bool, compile: bool) -> str:
-    """``-precision auto``: ``mixed`` for the fast path, compiled or not, on a CPU with AMX, where
-    it holds -fast's quality bar (BLEU within 0.1 of exact decoding, >= 98% of lines identical:
-    98.3%, 99.3% and 98.5% on the Transformer and RNN fixtures and the shipped model), else
-    fp32; any other value is kept."""
-    if precision != "auto":
-        return precision
-    if (fast or compile) and not (int8 or device.startswith("cuda")) and has_amx():
-        return "mixed"
-    return "fp32"
-
-
-def for_inference(model: NMTModel, device: str, int8: bool = False,
-                  precision: str = "fp32", fast: bool = False, compile: bool = False,
-                  compile_cache: str = "", int8_engine: str = "auto") -> NMTModel:
-    """Moves ``model`` to ``device`` in eval mode, optionally int8-quantised (CPU, by the
-    kernels of ``int8_engine``, see int8.py), in half precision (GPU) or with bf16 products
-    (CPU, see bfloat16.py: ``bf16`` every product, ``mixed`` those of the encoder and decoder
-    layers, the output layer's in fp32), optionally on the fast path, compiled or not (see
-    fast.py); searches keep their scores in fp32."""
-    precision = pick_precision(precision, device, fast, int8, compile)
-    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-              "mixed": None}
-    if precision not in dtypes:
-        raise OptionError(f"-precision must be one of auto, {', '.join(dtypes)}")
-    on_gpu = device.startswith("cuda")
-    if precision == "fp16" and not on_gpu:
-        raise OptionError("-precision fp16 needs a GPU (-gpu N); on CPU use bf16")
-    if precision == "mixed" and on_gpu:
-        raise OptionError("-precision mixed is for CPU decoding; on a GPU use bf16 or fp16")
-    if int8 and on_gpu:
-        raise OptionError("-int8 is for CPU decoding (drop -gpu)")
-    if int8_engine != "auto" and not int8:
-        raise OptionError(f"-int8_engine {int8_engine} names the kernels of -int8: add -int8")
-    if int8 and precision != "fp32":
-        raise OptionError(f"-int8 and -precision {precision} exclude each other")
-    model = model.to(device=device, dtype=dtypes[precision] if on_gpu else None).eval()
-    bf16 = precision in ("bf16", "mixed") and not on_gpu
-    if fast or compile:
-        to_fast(model.decoder, compile, compile_cache, int8, bf16)
-    step = getattr(model.decoder, "compiled_step", None)
-    if step is not None:
-        model.compiled_encoder = compile_encoder(model.encoder, step.build, bf16)
-    if bf16:  # compiled programs make their own bf16 products
-        compiled = [model.decoder] if step is not None else []
-        compiled += [model.encoder] if model.compiled_encoder is not None else []
-        to_bfloat16(model if precision == "bf16" else [model.encoder, model.decoder],
-                    skip=compiled)
-    if int8:
-        layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if fast or compile \
-            else {nn.Linear}
-        model = quantize(model, layers, int8_engine)
-    if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
-        model.compiled_output = CompiledOutput(model.generator, step.build)
-    return model

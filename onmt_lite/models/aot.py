@@ -1,0 +1,87 @@
+"""Programs compiled ahead of time by AOTInductor (``-compile``): a Builder exports a module,
+compiles it and keeps the package on disk, or loads the package an earlier process made.
+
+Packages are named after what they are made of (compiled_step._name), so a cache directory
+serves every model, precision, torch and CPU it has met; a crash never leaves half a package
+under its name.
+"""
+import logging
+import os
+import shutil
+import sys
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("onmt_lite")
+
+# a builder: (a program's module, example arguments, their dynamic shapes, a name for what the
+# program is made of) -> a function of the same arguments returning the outputs as a list
+Builder = Callable[[nn.Module, tuple, dict, str], Callable]
+
+DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                             "onmt_lite", "compiled")
+# the user's choice, read before Inductor's import sets the variable to its own default
+USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compiler_problem() -> Optional[str]:
+    """Why -compile cannot build CPU code here, or None if it can: no C++ compiler (Inductor's
+    setting if it is loaded, else its default, $CXX or g++, clang++ on macOS). Inductor itself
+    (2 s to import) is imported only to compile, not to load a compiled package."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        cxx = config.cpp.cxx
+        candidates = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    else:
+        candidates = [os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")]
+    if not any(shutil.which(c) for c in candidates):
+        return f"no C++ compiler found (looked for {', '.join(candidates)}; set CXX to one)"
+    return None
+
+
+def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
+    """A Builder that exports a step program, compiles it by AOTInductor (frozen, serial code)
+    and keeps the package in ``cache_dir`` (default: the user's cache), or loads the package a
+    previous process made; where no compiler is found, says so in one line and returns None."""
+    problem = compiler_problem()
+    if problem:
+        logger.warning("-compile: %s: the model runs uncompiled", problem)
+        return None
+    directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
+
+    def build(module: nn.Module, args: tuple, shapes: dict, name: str) -> Callable:
+        path = os.path.join(directory, f"{name}.pt2")
+        if not os.path.exists(path):
+            os.makedirs(directory, exist_ok=True)
+            logger.info("-compile: compiling %s (once: kept in %s)", name, directory)
+            from torch._inductor import aoti_compile_and_package, config
+            with torch.inference_mode(False), torch.no_grad(), config.patch(
+                    {"cpp.threads": 1, "freezing": True, "compile_threads": 1}):
+                program = torch.export.export(module, args, dynamic_shapes=shapes)
+                partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
+                aoti_compile_and_package(program, package_path=partial)
+            os.replace(partial, path)  # a crash never leaves half a package under its name
+        return load_package(path)
+    return build
+
+
+def load_package(path: str) -> Callable:
+    """An AOTInductor package's program, as a function of the exported module's arguments
+    (tensors and lists of tensors) that returns its outputs as a list. torch's own loader
+    (aoti_load_package) first imports its serialisation code and probes every vector
+    instruction set by building test programs (2-4 s in all), only to warn where a package was
+    made for other ones (its name here holds the CPU's: compiled_step._name), and flattens the
+    arguments with a tree spec it decodes at every call: its loader underneath is called
+    directly where this torch has it."""
+    try:
+        from torch._C._aoti import AOTIModelPackageLoader
+    except ImportError:
+        from torch._inductor import aoti_load_package
+        return aoti_load_package(path)
+    run = AOTIModelPackageLoader(path, "model", False, 1, -1).boxed_run
+
+    def program(*args):
+        return run([t for arg in args for t in (arg if isinstance(arg, list) else [arg])])
+    return program

@@ -1,0 +1,165 @@
+"""Which decoder step runs: the one place that reads the decoding options and the CPU and
+prepares a model for inference.
+
+The search loop (search/loop.py) sees every model through one small interface, the three calls
+of NMTModel and the decoder's ``DecoderStep`` (below); each variant of the step implements it in
+a module of its own:
+
+- exact (transformer.py, rnn.py): the layers as trained, OpenNMT-py's output word for word;
+  the default for fp32 models.
+- fast (fast.py, ``-fast``): the step rebuilt (fused products, folds), judged by BLEU.
+- compiled (compiled_step.py, aot.py, ``-compile`` where a C++ compiler is found): the fast
+  step, the encoder and the output layer as AOTInductor programs.
+- bf16 (bfloat16.py, ``-precision``; ``auto`` picks it for the fast path on a CPU with AMX):
+  products in bf16, results in fp32.
+- int8 (int8.py, ``-int8``): dynamic int8 products.
+- shared (shared_step.py, the server's lanes): several searches' steps run as one.
+
+``plan_step`` turns the options and the CPU into a ``StepPlan`` (refusing what cannot run
+here), ``prepare`` applies it; ``for_inference`` does both.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Optional, Protocol, Tuple
+
+import torch
+from torch import nn
+
+from onmt_lite.errors import OptionError
+from onmt_lite.models import aot
+from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
+from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
+from onmt_lite.models.fast import to_fast
+from onmt_lite.models.int8 import pick_engine, quantize
+from onmt_lite.models.model import NMTModel
+from onmt_lite.models.state import StateFn
+from onmt_lite.models.transformer import TransformerDecoder
+
+logger = logging.getLogger("onmt_lite")
+
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+              "mixed": None}
+# torch's tracing cannot take an int8 product's packed weights (torch.compile split its code at
+# each one: 1.25-1.30x the uncompiled step's time), and a program quantised by torchao's PT2E
+# flow took 2.2x the bf16 program's time a step
+INT8_UNCOMPILED = ("the compiled step has no int8 products (torch cannot trace those of "
+                   "-int8): the -fast -int8 step runs uncompiled")
+
+
+class DecoderStep(Protocol):
+    """What the search loop asks of a decoder. Its state (RNN hidden state, input feed,
+    coverage, Transformer key/value caches) lives in the decoder, set by ``init_state``."""
+
+    def init_state(self, src_len: torch.Tensor, memory: torch.Tensor, final=None) -> None:
+        """Starts a batch: one state row per source."""
+
+    def map_state(self, fn: StateFn) -> None:
+        """Applies ``fn(tensor, dim)`` to every state tensor (repeat for the beam, reorder by
+        back-pointers, drop finished sentences)."""
+
+    def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """tokens (rows,) -> output (rows, H), attention (rows, S)."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The variant of the step a model runs (see the module's table)."""
+    device: str = "cpu"
+    precision: str = "fp32"  # fp32, fp16, bf16 or mixed: never auto
+    fast: bool = False
+    compiled: bool = False  # the step, encoder and output layer as programs
+    int8_engine: Optional[str] = None  # -int8_engine (int8.pick_engine), or None: no int8
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision in ("bf16", "mixed") and not self.device.startswith("cuda")
+
+
+def pick_precision(precision: str, device: str, fast: bool, int8: bool, compile: bool) -> str:
+    """``-precision auto``: ``mixed`` for the fast path, compiled or not, on a CPU with AMX, where
+    it holds -fast's quality bar (BLEU within 0.1 of exact decoding, >= 98% of lines identical:
+    98.3%, 99.3% and 98.5% on the Transformer and RNN fixtures and the shipped model), else
+    fp32; any other value is kept."""
+    if precision != "auto":
+        return precision
+    if (fast or compile) and not (int8 or device.startswith("cuda")) and has_amx():
+        return "mixed"
+    return "fp32"
+
+
+def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
+              fast: bool = False, compile: bool = False, int8_engine: str = "auto") -> StepPlan:
+    """The step these options choose on this machine; combinations that cannot run are refused
+    (OptionError). ``-compile -int8`` runs the fast int8 step uncompiled, after one line."""
+    precision = pick_precision(precision, device, fast, int8, compile)
+    if precision not in PRECISIONS:
+        raise OptionError(f"-precision must be one of auto, {', '.join(PRECISIONS)}")
+    on_gpu = device.startswith("cuda")
+    if precision == "fp16" and not on_gpu:
+        raise OptionError("-precision fp16 needs a GPU (-gpu N); on CPU use bf16")
+    if precision == "mixed" and on_gpu:
+        raise OptionError("-precision mixed is for CPU decoding; on a GPU use bf16 or fp16")
+    if int8 and on_gpu:
+        raise OptionError("-int8 is for CPU decoding (drop -gpu)")
+    if int8_engine != "auto" and not int8:
+        raise OptionError(f"-int8_engine {int8_engine} names the kernels of -int8: add -int8")
+    if int8 and precision != "fp32":
+        raise OptionError(f"-int8 and -precision {precision} exclude each other")
+    if int8:
+        pick_engine(int8_engine)  # refused here if this torch has no such kernels
+    fast = fast or compile  # the compiled step is the fast step's program
+    if compile and int8:
+        logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
+        compile = False
+    return StepPlan(device, precision, fast, compile, int8_engine if int8 else None)
+
+
+def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTModel:
+    """Moves ``model`` to the plan's device in eval mode and puts its step on the plan's variant:
+    the fast layers, compiled where a compiler is found (programs built at the first batch, see
+    build.warm_up), bf16 products (``bf16`` every product, ``mixed`` those of the encoder and
+    decoder layers, the output layer's in fp32), int8 products last (the fast layers are
+    quantised too). Searches keep their scores in fp32."""
+    on_gpu = plan.device.startswith("cuda")
+    model = model.to(device=plan.device,
+                     dtype=PRECISIONS[plan.precision] if on_gpu else None).eval()
+    if plan.fast:
+        to_fast(model.decoder)
+    if plan.compiled and isinstance(model.decoder, TransformerDecoder):
+        build = aot.aot_compiler(compile_cache)  # None where no compiler is found
+        if build is not None:
+            model.decoder.compiled_step = CompiledStep(model.decoder, build, plan.bf16)
+            model.compiled_encoder = compile_encoder(model.encoder, build, plan.bf16)
+    if plan.bf16:  # compiled programs make their own bf16 products
+        compiled = [model.decoder] if compiled_step(model) is not None else []
+        compiled += [model.encoder] if model.compiled_encoder is not None else []
+        to_bfloat16(model if plan.precision == "bf16" else [model.encoder, model.decoder],
+                    skip=compiled)
+    if plan.int8_engine is not None:
+        layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if plan.fast \
+            else {nn.Linear}
+        model = quantize(model, layers, plan.int8_engine)
+    step = compiled_step(model)
+    if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
+        model.compiled_output = CompiledOutput(model.generator, step.build)
+    return model
+
+
+def for_inference(model: NMTModel, device: str, int8: bool = False,
+                  precision: str = "fp32", fast: bool = False, compile: bool = False,
+                  compile_cache: str = "", int8_engine: str = "auto") -> NMTModel:
+    """``model`` prepared for the step the options choose on this machine (plan_step)."""
+    return prepare(model, plan_step(device, int8, precision, fast, compile, int8_engine),
+                   compile_cache)
+
+
+def compiled_step(model: NMTModel) -> Optional[CompiledStep]:
+    return getattr(model.decoder, "compiled_step", None)
+
+
+def uncompile(model: NMTModel) -> None:
+    """Back to the uncompiled fast path (torch could not build the programs)."""
+    if isinstance(model.decoder, TransformerDecoder):
+        model.decoder.compiled_step = None
+    model.compiled_output = model.compiled_encoder = None
+
