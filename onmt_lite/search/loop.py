@@ -90,20 +90,13 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     rule, selection = search.rule, search.selection
     sampling = isinstance(selection, Sampler)  # one token drawn per hypothesis
     processors = list(search.processors) + list(search.candidate_processors)
+    stateful = any(p.stateful for p in processors)
     # a. Encode once. The first step extends hypothesis 0 only, so it runs on one row per
     # sentence; then every state row is repeated k times (rows are sentence-major: b * k + j).
     memory, final = model.encode(src, src_len)
     dec.init_state(src_len, memory, final)
-    live = list(range(batch))  # original sentence of each block of k rows
-    seqs = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)  # (rows, t)
-    attn_width = src.size(1) if keep_attention else 0
-    attn_hist = torch.zeros(batch * k, 0, attn_width, device=device)  # (rows, t, width)
-    padding = (torch.arange(src.size(1), device=device) >= src_len.unsqueeze(1)
-               ).repeat_interleave(k, dim=0)  # (rows, S)
-    rule.start(batch, k, padding)
-    lengths = src_len.tolist()
-    results: List[Optional[List[Hypothesis]]] = [None] * batch
-    start = [0] * batch  # each sentence's column of <s> in seqs (joins: left padding)
+    paths = Paths(batch, k, bos, src.size(1) if keep_attention else 0, src_len.tolist(), device)
+    rule.start(batch, k, _padding(src, src_len, k))
 
     for step in itertools.count(1):  # step = prefix length, <s> included (the first sentences')
         if not join and step > rule.max_length:
@@ -111,93 +104,60 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         if join:
             joining = yield "join",
             if joining is not None:
-                src_new, len_new, max_lengths = joining
-                memory, _ = model.encode(src_new, len_new)
-                dec.join(len_new, memory, 1 if step == 1 else k)  # step 1: one row a sentence
-                count = src_new.size(0)
-                if keep_attention and src_new.size(1) > attn_hist.size(2):
-                    attn_hist = F.pad(attn_hist, (0, src_new.size(1) - attn_hist.size(2)))
-                rule.join((torch.arange(src_new.size(1), device=device) >= len_new.unsqueeze(1)
-                           ).repeat_interleave(k, dim=0), max_lengths, step)
-                live += range(len(results), len(results) + count)
-                results += [None] * count
-                lengths += len_new.tolist()
-                columns = seqs.size(1)  # <s> goes in the last: the sentences start here
-                start += [columns - 1] * count
-                seqs = torch.cat([seqs, seqs.new_full((count * k, columns), bos)])
-                attn_hist = torch.cat([attn_hist, attn_hist.new_zeros(
-                    count * k, columns - 1, attn_hist.size(2))])
-            first = min(start[i] for i in live)  # columns no live sentence reads
-            if first > 0:
-                seqs, attn_hist = seqs[:, first:], attn_hist[:, first:]
-                for i in live:
-                    start[i] -= first
-            attn_width = attn_hist.size(2)
-        n = len(live)
+                _join(model, rule, paths, joining, step, keep_attention)
+            paths.trim()
+        n, live = len(paths.live), paths.live
         # b. One decoder step for all live hypotheses.
         if step == 1 and k > 1:
-            out, attn = yield from _ask(shared, "step", dec, seqs[::k, -1])
+            out, attn = yield from _ask(shared, "step", dec, paths.seqs[::k, -1])
             dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
             out, attn = _repeat(out, k), attn.repeat_interleave(k, dim=0)
         else:
-            out, attn = yield from _ask(shared, "step", dec, seqs[:, -1])
+            out, attn = yield from _ask(shared, "step", dec, paths.seqs[:, -1])
         attn = attn.float()
         # c. Processors edit the step's log-probs; the rule ranks the candidates.
         if search.on_logits:
             logits = model.generator(out).float()  # (n * k, V)
             for processor in search.processors:
-                processor(logits, step, seqs)
+                processor(logits, step, paths.seqs)
             log_probs = torch.log_softmax(logits, dim=-1)
         else:
             log_probs = yield from _ask(shared, "log_probs", model, out)  # (n * k, V)
             for processor in search.processors:
-                processor(log_probs, step, seqs)
+                processor(log_probs, step, paths.seqs)
         vocab = log_probs.size(1)
         allowed = log_probs.clone() if sampling else None  # what a sample draws from
         ranked = rule.rank(log_probs, step, attn)
         for processor in search.candidate_processors:
-            processor(ranked, step, seqs)
+            processor(ranked, step, paths.seqs)
             if allowed is not None:
-                processor(allowed, step, seqs)
+                processor(allowed, step, paths.seqs)
         # d. The chosen candidates of each sentence: their origin rows and tokens.
         if sampling:
             ids = selection.draw(allowed).view(n, 1)
             values = ranked.gather(1, ids)
         else:
             values, ids = selection.pick(ranked.view(n, k, vocab), k)  # (n, width)
-        width = ids.size(1)
         origin = torch.div(ids, vocab, rounding_mode="floor")
         tokens = ids - origin * vocab
         if hasattr(rule, "revise"):  # a rule that edits the chosen candidates
             values, origin, tokens = rule.revise(values, origin, tokens, step)
         rows = origin + torch.arange(n, device=device).unsqueeze(1) * k  # (n, width)
         flat = rows.view(-1)
-        cand_seqs = torch.cat([seqs.index_select(0, flat), tokens.view(-1, 1)], dim=1)
         cand_attn = attn.index_select(0, flat)
-        cand_hist = torch.cat([attn_hist.index_select(0, flat),
-                               cand_attn[:, None, :attn_width]], dim=1)
-
-        def path(c: int):  # candidate c's tokens and attention, without source padding
-            sentence = live[c // width]
-            return (cand_seqs[c, start[sentence] + 1:],
-                    cand_hist[c, start[sentence]:, :lengths[sentence]])
-
+        paths.extend(flat, tokens.view(-1, 1), cand_attn)
         # e. The rule records what ended and says what runs on and which sentences are done.
-        going_on, done = rule.advance(values, rows, tokens, step, cand_attn, path)
-        if going_on is not None:  # (n, k) of the width candidates
-            chosen = (going_on + torch.arange(n, device=device).unsqueeze(1) * width).view(-1)
-            select, tokens = flat.index_select(0, chosen), tokens.view(-1).index_select(0, chosen)
-            seqs, attn_hist = cand_seqs.index_select(0, chosen), cand_hist.index_select(0, chosen)
-        else:
-            select, seqs, attn_hist = flat, cand_seqs, cand_hist
-        if any(p.stateful for p in processors):
+        going_on, done = rule.advance(values, rows, tokens, step, cand_attn,
+                                      paths.path_of(ids.size(1)))
+        select, tokens = paths.choose(going_on, flat, tokens)
+        if stateful:
             select_list, token_list = select.tolist(), tokens.view(-1).tolist()
             for processor in processors:
                 processor.advance(select_list, token_list)
         keep = list(range(n))
         if done:
             for i, nbest in done.items():
-                results[live[i]] = nbest
+                paths.results[live[i]] = nbest
                 if shared:  # the caller may answer it before the batch ends
                     yield "ended", live[i], nbest
             keep = [i for i in range(n) if i not in done]
@@ -206,12 +166,10 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         # f. Reorder the decoder state by the chosen origins, dropping finished sentences.
         if len(keep) < n:
             keep = fill_gaps(keep)
-            kept_rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=device)
-            live = [live[i] for i in keep]
+            kept_rows = paths.keep(keep)
             rule.keep(torch.tensor(keep, device=device), kept_rows)
             select = select.index_select(0, kept_rows)
-            seqs, attn_hist = seqs.index_select(0, kept_rows), attn_hist.index_select(0, kept_rows)
-            if any(p.stateful for p in processors):
+            if stateful:
                 rows_list = kept_rows.tolist()
                 for processor in processors:
                     processor.keep(rows_list)
@@ -219,7 +177,106 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
             dec.map_state(lambda state, dim: state.index_select(dim, select))
         if not shared:
             yield
-    return results
+    return paths.results
+
+
+class Paths:
+    """The hypotheses' histories and their sentences: tokens (rows, t) and attention
+    (rows, t, width), the original sentence of each block of k rows (``live``), each sentence's
+    first column (joined sentences start later: left padding), its source length, its n-best.
+
+    ``extend`` makes the step's candidates' histories, ``choose`` keeps those that go on, and
+    ``keep`` the rows of the sentences that go on.
+    """
+
+    def __init__(self, batch: int, k: int, bos: int, attn_width: int, lengths: List[int],
+                 device):
+        self.k, self.bos, self.device = k, bos, device
+        self.seqs = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)
+        self.attn_hist = torch.zeros(batch * k, 0, attn_width, device=device)
+        self.attn_width = attn_width  # 0: no attention kept (see search_steps)
+        self.live = list(range(batch))
+        self.start = [0] * batch  # each sentence's column of <s> in seqs
+        self.lengths = lengths
+        self.results: List[Optional[List[Hypothesis]]] = [None] * batch
+
+    def join(self, lengths: List[int], src_width: int, keep_attention: bool) -> None:
+        """Sentences that join: numbered after those already here, <s> in the last column."""
+        count, k = len(lengths), self.k
+        if keep_attention and src_width > self.attn_hist.size(2):
+            self.attn_hist = F.pad(self.attn_hist, (0, src_width - self.attn_hist.size(2)))
+        self.live += range(len(self.results), len(self.results) + count)
+        self.results += [None] * count
+        self.lengths += lengths
+        columns = self.seqs.size(1)
+        self.start += [columns - 1] * count
+        self.seqs = torch.cat([self.seqs, self.seqs.new_full((count * k, columns), self.bos)])
+        self.attn_hist = torch.cat([self.attn_hist, self.attn_hist.new_zeros(
+            count * k, columns - 1, self.attn_hist.size(2))])
+
+    def trim(self) -> None:
+        """Drops the columns no live sentence reads (joins)."""
+        first = min(self.start[i] for i in self.live)
+        if first > 0:
+            self.seqs, self.attn_hist = self.seqs[:, first:], self.attn_hist[:, first:]
+            for i in self.live:
+                self.start[i] -= first
+        self.attn_width = self.attn_hist.size(2)
+
+    def extend(self, flat: torch.Tensor, tokens: torch.Tensor, cand_attn: torch.Tensor) -> None:
+        """The candidates' histories: their origin rows' (``flat``), one token and attention
+        row more."""
+        self.cand_seqs = torch.cat([self.seqs.index_select(0, flat), tokens], dim=1)
+        self.cand_hist = torch.cat([self.attn_hist.index_select(0, flat),
+                                    cand_attn[:, None, :self.attn_width]], dim=1)
+
+    def path_of(self, width: int):
+        """A function of candidate c: its tokens and attention, without source padding."""
+        live, start, lengths = self.live, self.start, self.lengths
+        cand_seqs, cand_hist = self.cand_seqs, self.cand_hist
+
+        def path(c: int):
+            sentence = live[c // width]
+            return (cand_seqs[c, start[sentence] + 1:],
+                    cand_hist[c, start[sentence]:, :lengths[sentence]])
+        return path
+
+    def choose(self, going_on: Optional[torch.Tensor], flat: torch.Tensor,
+               tokens: torch.Tensor):
+        """Keeps the candidates that go on ((n, k) of each sentence's ``width``; None: all);
+        returns their origin rows and tokens."""
+        if going_on is None:
+            self.seqs, self.attn_hist = self.cand_seqs, self.cand_hist
+            return flat, tokens
+        n, width = going_on.size(0), tokens.size(1)
+        chosen = (going_on + torch.arange(n, device=self.device).unsqueeze(1) * width).view(-1)
+        self.seqs = self.cand_seqs.index_select(0, chosen)
+        self.attn_hist = self.cand_hist.index_select(0, chosen)
+        return flat.index_select(0, chosen), tokens.view(-1).index_select(0, chosen)
+
+    def keep(self, keep: List[int]) -> torch.Tensor:
+        """Keeps the sentences ``keep`` (places in ``live``); returns their rows."""
+        k = self.k
+        rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=self.device)
+        self.live = [self.live[i] for i in keep]
+        self.seqs, self.attn_hist = self.seqs.index_select(0, rows), \
+            self.attn_hist.index_select(0, rows)
+        return rows
+
+
+def _padding(src: torch.Tensor, src_len: torch.Tensor, k: int) -> torch.Tensor:
+    """(rows, S): True at each row's source padding."""
+    return (torch.arange(src.size(1), device=src.device) >= src_len.unsqueeze(1)
+            ).repeat_interleave(k, dim=0)
+
+
+def _join(model, rule, paths: Paths, joining, step: int, keep_attention: bool) -> None:
+    """Sentences joining a search between steps: (src, src_len, each one's max_length)."""
+    src, src_len, max_lengths = joining
+    memory, _ = model.encode(src, src_len)
+    model.decoder.join(src_len, memory, 1 if step == 1 else paths.k)  # step 1: one row each
+    rule.join(_padding(src, src_len, paths.k), max_lengths, step)
+    paths.join(src_len.tolist(), src.size(1), keep_attention)
 
 
 def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
