@@ -262,3 +262,12 @@ def test_int8_fixture_dequantized_is_ctranslate2_in_float32():
     case = ref["cases"]["argos"]
     assert_same(translate(os.path.join(FIXTURES, "spm_int8"), lines, case["options"]),
                 case["hypotheses"][:200])
+
+
+def test_convert_refuses_a_ctranslate2_model(tmp_path, capsys):
+    """Its position tables and added rows have no place in a native file: it is read as is."""
+    from onmt_lite.cli.convert import main
+    assert main(["-model", os.path.join(TINY, "prenorm_float32"),
+                 "-output", str(tmp_path / "out.pt")]) == 1
+    assert "convert does not write it as one file" in capsys.readouterr().err
+    assert not (tmp_path / "out.pt").exists()

@@ -63,6 +63,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         model, ckpt = load_model(args.model)
+        if ckpt.origin in ("ctranslate2", "argos"):  # its position tables and added rows
+            raise CheckpointError(f"{args.model}: a CTranslate2 model or Argos package is read "
+                                  "as it is (translate.py -model); convert does not write it as "
+                                  "one file")
         kept = subword_models(args, ckpt)
     except (CheckpointError, TransformError) as err:
         print(f"onmt_lite_convert: error: {err}", file=sys.stderr)
