@@ -2,9 +2,10 @@
 
     onmt_lite serve -model data/multi30k_en_de_raw.pt -src_lang en -tgt_lang de -port 5000
     onmt_lite serve -config conf.json -port 5000      # OpenNMT-py's server conf.json
+    onmt_lite serve -argos_packages DIR -port 5000   # every Argos Translate package in DIR
 
-With -model, every other translate.py decoding option (-beam_size, -n_best, -search, ...)
-becomes the model's default.
+With -model or -argos_packages, every other translate.py decoding option (-beam_size, -n_best,
+-search, ...) becomes the models' default.
 """
 import argparse
 import logging
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "model", help="one checkpoint (onmt_lite or OpenNMT-py) or Marian folder")
     add(g, "config", help="OpenNMT-py server conf.json: models_root, models [{id, model, opt, "
                           "tokenizer, timeout, on_timeout, load, src_lang, tgt_lang}]")
+    add(g, "argos_packages", help="a folder of Argos Translate packages (LibreTranslate's: "
+        "installed package folders and .argosmodel files): each is served, its languages from "
+        "its metadata.json, loaded at its first request")
     add(g, "src_lang", help="-model: its source language code (LibreTranslate's API routes by "
                             "language pair; a Marian folder named *-en-de gives en, de)")
     add(g, "tgt_lang", help="-model: its target language code")
@@ -80,22 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _specs(args, rest):
-    """The models to serve, from -config or from -model and translate.py options ``rest``."""
-    from onmt_lite.serve.config import ModelSpec, check_opt, guess_languages, read_conf
+    """The models to serve, from -config, or from -model or -argos_packages and translate.py
+    options ``rest``."""
+    from onmt_lite.serve.config import (
+        ModelSpec,
+        check_opt,
+        guess_languages,
+        read_argos_packages,
+        read_conf,
+    )
     from onmt_lite.translate.flags import build_parser as translate_parser
+    sources = [name for name in ("config", "model", "argos_packages") if getattr(args, name)]
+    if len(sources) != 1:
+        raise OptionError("give one of -model (one model), -argos_packages (a folder of Argos "
+                          "Translate packages) or -config (OpenNMT-py's conf.json)")
     if args.config:
-        if args.model or rest:
-            raise OptionError("-config names the models and their options: give no -model "
-                              f"nor translate options ({' '.join(rest) or '-model'})")
+        if rest:
+            raise OptionError("-config names the models and their options: give no "
+                              f"translate options ({' '.join(rest)})")
         return read_conf(args.config)
-    if not args.model:
-        raise OptionError("give -model (one model) or -config (OpenNMT-py's conf.json)")
     parser = translate_parser()
     parser.prog = "onmt_lite serve"  # its errors name this command
-    parsed = parse_with_config(parser, ["-model", args.model, "-src", "-"] + rest)
+    parsed = parse_with_config(parser, ["-model", args.model or args.argos_packages, "-src", "-"]
+                               + rest)
     given = {name: getattr(parsed, name) for name in parsed.given_options
              if name not in ("model", "src")}  # an option given at its default value counts
     opt = check_opt(given, "onmt_lite serve", command_line=True)
+    if args.argos_packages:
+        return read_argos_packages(args.argos_packages, opt)
     src_lang, tgt_lang = args.src_lang, args.tgt_lang
     if src_lang is None and tgt_lang is None:
         src_lang, tgt_lang = guess_languages(args.model)

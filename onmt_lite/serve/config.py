@@ -2,12 +2,18 @@
 OpenNMT-py's server format (``models_root``, ``models`` with ``id``, ``model``, ``timeout``,
 ``on_timeout``, ``load``, ``opt``, ``tokenizer``), plus ``src_lang`` / ``tgt_lang`` per model."""
 import json
+import logging
 import os
 import re
+import tempfile
+import zipfile
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from onmt_lite import argos
 from onmt_lite.errors import OptionError
+
+logger = logging.getLogger("onmt_lite")
 
 # conf.json fields that name Python functions to import and run: refused, a conf is data
 CODE_FIELDS = ("preprocess", "postprocess", "custom_opt")
@@ -171,3 +177,56 @@ def check_opt(opt: dict, where: str, command_line: bool = False) -> dict:
             raise ConfError(f"{where}: opt '{name}' names a folder of compiled code to load: "
                             "only the server's command line sets it")
     return dict(opt)
+
+
+def read_argos_packages(folder: str, opt: dict) -> List[ModelSpec]:
+    """A model for every Argos Translate package in ``folder`` (installed package folders and
+    .argosmodel files, as LibreTranslate's packages folder holds them), its languages from its
+    metadata.json, loaded at its first request, with the translate options ``opt``. Of two
+    packages of one language pair the first in name order is served (a folder before its own
+    .argosmodel), and one line says which was left out."""
+    if not os.path.isdir(folder):
+        raise ConfError(f"-argos_packages {folder}: not a folder")
+    specs, served = [], {}
+    for name in sorted(os.listdir(folder), key=lambda n: (n.endswith(argos.SUFFIX), n)):
+        path = os.path.join(folder, name)
+        if not argos.is_package(path):
+            continue
+        try:
+            src_lang, tgt_lang = package_languages(path)
+        except argos.ArgosError as err:
+            raise ConfError(f"-argos_packages: {err}") from None
+        if (src_lang, tgt_lang) in served:
+            logger.info("-argos_packages: %s is left out: %s serves %s to %s", name,
+                        served[src_lang, tgt_lang], src_lang, tgt_lang)
+            continue
+        served[src_lang, tgt_lang] = name
+        specs.append(ModelSpec(len(specs), path, dict(opt), src_lang, tgt_lang, load=False,
+                               user_opt=dict(opt), name=name))
+    if not specs:
+        raise ConfError(f"-argos_packages {folder}: no Argos Translate package in it (folders "
+                        f"with metadata.json, or {argos.SUFFIX} files)")
+    return specs
+
+
+def package_languages(path: str) -> Tuple[str, str]:
+    """The (from_code, to_code) of a package folder or .argosmodel file, from its metadata.json
+    alone (a .argosmodel is not unpacked for it)."""
+    if os.path.isdir(path):
+        metadata = argos.read_metadata(path, path)
+    else:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = [n for n in archive.namelist() if n.count("/") == 1
+                         and n.endswith("/metadata.json")]
+                if len(names) != 1:
+                    raise argos.ArgosError(f"{path}: no metadata.json in its package folder")
+                data = archive.read(names[0])
+        except zipfile.BadZipFile as err:
+            raise argos.ArgosError(f"{path}: not a readable {argos.SUFFIX} (a zip archive): "
+                                   f"{err}") from None
+        with tempfile.TemporaryDirectory(prefix="onmt_lite-argos-") as into:
+            with open(os.path.join(into, "metadata.json"), "wb") as f:
+                f.write(data)
+            metadata = argos.read_metadata(into, path)
+    return metadata["from_code"], metadata["to_code"]
