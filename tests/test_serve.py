@@ -131,7 +131,7 @@ BAD = [
      "xx is not supported"),
     ("/translate", b'{"q": "a", "source": "en", "target": "fr"}', "application/json", 400,
      "fr is not supported from en"),
-    ("/translate", b'{"q": "a", "source": "en", "target": "de", "format": "html"}',
+    ("/translate", b'{"q": "a", "source": "en", "target": "de", "format": "xml"}',
      "application/json", 400, "format"),
     ("/translate", b'{"q": "a", "source": "en", "target": "de", "alternatives": "x"}',
      "application/json", 400, "alternatives"),

@@ -9,7 +9,7 @@ from typing import Optional, Set
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from onmt_lite.serve import libre_api, onmt_api
+from onmt_lite.serve import libre_api, libre_text, onmt_api
 from onmt_lite.serve.limits import Limits
 from onmt_lite.serve.metrics import CONTENT_TYPE_LATEST
 from onmt_lite.serve.middleware import BodyLimit, InFlight, Measure
@@ -56,10 +56,29 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     return InFlight(app, limits.max_connections) if limits.max_connections > 0 else app
 
 
+async def inspect_text(service: Service, request: Request, model, q: str, n_best: int) -> dict:
+    """The web page's answer: the text translated as /translate translates it, its n-best (each
+    text rebuilt from its sentences' k-th hypotheses, scores summed) and each sentence with
+    its tokens and attention."""
+    splitter = await libre_api.splitter_of(model)
+    plan = await asyncio.to_thread(libre_text.TextPlan, [q], splitter)
+    sentences = plan.sentences()
+    libre_api.check_queueable(service, sentences)
+    results = await service.translate(request, model, sentences, n_best, attention=True)
+    ranked = plan.ranked([s.texts for s in results], n_best)[0]
+    return {"translatedText": libre_text.answer(q, ranked)[0],
+            "nbest": [{"text": ranked[rank], "score": sum(s.scores[rank] for s in results)}
+                      for rank in range(n_best)],
+            "sentences": [{"source": sentence, "translation": s.texts[0], "score": s.scores[0],
+                           "source_tokens": s.src_tokens, "target_tokens": s.tgt_tokens,
+                           "attention": s.attention or []}
+                          for sentence, s in zip(sentences, results)]}
+
+
 def _add_own_routes(app: FastAPI, service: Service) -> None:
     """This server's own: the web page and its /inspect, the probes, /metrics."""
     @app.post("/inspect", tags=["onmt_lite"],
-              summary="A text's n-best with scores, and each line's attention (the web page's)")
+              summary="A text's n-best with scores, and each sentence's attention (the web page's)")
     async def inspect(request: Request):
         data = await service.json_body(request)
         if not isinstance(data, dict):
@@ -71,16 +90,7 @@ def _add_own_routes(app: FastAPI, service: Service) -> None:
         service.check_texts([q], "q")
         model = service.pair(data.get("source"), data.get("target"))
         n_best = min(model.beam_size, count(data.get("n_best", model.beam_size), "n_best") or 1)
-        lines = q.split("\n")
-        results = await service.translate(request, model, lines, n_best, attention=True)
-        return {"translatedText": "\n".join(s.texts[0] for s in results),
-                "nbest": [{"text": "\n".join(s.texts[rank] for s in results),
-                           "score": sum(s.scores[rank] for s in results)}
-                          for rank in range(n_best)],
-                "sentences": [{"source": line, "translation": s.texts[0], "score": s.scores[0],
-                               "source_tokens": s.src_tokens, "target_tokens": s.tgt_tokens,
-                               "attention": s.attention or []}
-                              for line, s in zip(lines, results)]}
+        return await inspect_text(service, request, model, q, n_best)
 
     @app.get("/", include_in_schema=False)
     async def page():

@@ -1,12 +1,60 @@
 """LibreTranslate's API at the root: translate, languages, detect, frontend settings (the fields
-read from JSON or forms, as LibreTranslate reads them)."""
+read from JSON or forms, as LibreTranslate reads them). Texts are cut into sentences and html
+into text nodes as LibreTranslate cuts them (libre_text, libre_html)."""
+import asyncio
 from typing import Dict, List
 
 from fastapi import FastAPI, Request
 
+from onmt_lite.serve import libre_text
 from onmt_lite.serve.languages import language_name
+from onmt_lite.serve.libre_html import translate_html
 from onmt_lite.serve.models import ServedModel
 from onmt_lite.serve.service import ApiError, Service, count
+from onmt_lite.translate.sentences import SentenceSplitter, SplitterUnavailable
+
+FORMATS = ("text", "html")
+
+
+def check_queueable(service: Service, sentences: List[str]) -> None:
+    """Refuses a request whose sentences could never all wait in the model's queue."""
+    bound = service.limits.max_queue
+    if len(sentences) > bound:
+        raise ApiError(400, f"q: {len(sentences)} sentences, over the {bound} a request may "
+                            f"queue (-max_queue)")
+
+
+def sentence_decoder(service: Service, request: Request, model: ServedModel):
+    """libre_text's Decode for one request: its sentences, all of them independent jobs of the
+    model's shared batches, refused at once when they could never fit its queue."""
+    async def decode(sentences: List[str], n_best: int) -> List[List[str]]:
+        check_queueable(service, sentences)
+        results = await service.translate(request, model, sentences, n_best)
+        return [s.texts for s in results]
+    return decode
+
+
+async def splitter_of(model: ServedModel) -> SentenceSplitter:
+    try:
+        return await libre_text.splitter_for(model.spec.src_lang or "")
+    except SplitterUnavailable as err:
+        raise ApiError(500, str(err)) from None
+
+
+async def translate_texts(service: Service, request: Request, model: ServedModel,
+                          texts: List[str], fmt: str, n_best: int):
+    """Each text's translatedText and alternatives, as LibreTranslate gives them: text
+    formatted from its sentences' n-best; html without alternatives."""
+    splitter = await splitter_of(model)
+    decode = sentence_decoder(service, request, model)
+    if fmt == "html":
+        async def plain(nodes: List[str]) -> List[str]:
+            return await libre_text.translate(nodes, splitter, decode)
+        translated = await asyncio.gather(*(translate_html(text, plain) for text in texts))
+        return list(translated), [[] for _ in texts]
+    ranked = await libre_text.hypotheses(texts, splitter, decode, n_best)
+    answers = [libre_text.answer(text, hyps) for text, hyps in zip(texts, ranked)]
+    return [a[0] for a in answers], [a[1] for a in answers]
 
 
 def add_routes(app: FastAPI, service: Service) -> None:
@@ -24,14 +72,15 @@ def add_routes(app: FastAPI, service: Service) -> None:
             raise ApiError(400, "Invalid request: q must be a text or a list of texts")
         service.check_texts(texts, "q")
         fmt = data.get("format", "text") or "text"
-        if fmt != "text":
-            raise ApiError(400, f"format {fmt!r} is not supported; use text")
+        if fmt not in FORMATS:
+            raise ApiError(400, f"format {fmt!r} is not supported; use text or html")
         alternatives = count(data.get("alternatives", 0), "alternatives")
         model = service.pair(data.get("source"), data.get("target"))
         if alternatives + 1 > model.beam_size:
             raise ApiError(400, f"alternatives: at most {model.beam_size - 1} (the model's "
                                 f"beam size {model.beam_size}, less one)")
-        translated, others = await translate_texts(request, model, texts, alternatives + 1)
+        translated, others = await translate_texts(service, request, model, texts, fmt,
+                                                   alternatives + 1)
         body = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if alternatives:
             body["alternatives"] = others if isinstance(q, list) else others[0]
@@ -40,22 +89,6 @@ def add_routes(app: FastAPI, service: Service) -> None:
             body["detectedLanguage"] = [detected] * len(texts) if isinstance(q, list) \
                 else detected
         return body
-
-    async def translate_texts(request: Request, model: ServedModel, texts: List[str],
-                              n_best: int):
-        """Each text's translation and alternatives: its lines translated as sentences (empty
-        lines kept), the k-th alternative made of each line's k-th hypothesis."""
-        lines = [line for text in texts for line in text.split("\n")]
-        results = await service.translate(request, model, lines, n_best)
-        translated, others, at = [], [], 0
-        for text in texts:
-            count = text.count("\n") + 1
-            mine = results[at:at + count]
-            at += count
-            ranks = ["\n".join(s.texts[rank] for s in mine) for rank in range(n_best)]
-            translated.append(ranks[0])
-            others.append(ranks[1:])
-        return translated, others
 
     @app.get("/languages", tags=["LibreTranslate"],
              summary="The language pairs served: [{code, name, targets}]")

@@ -7,8 +7,9 @@ the k-th hypothesis of each of its sentences, as Argos Translate builds it.
 entities unescaped, alternatives without repeats); ``translate`` (html text nodes, .txt files)
 is Argos Translate's plain ``translate``, without them.
 """
+import asyncio
 import html
-from typing import Awaitable, Callable, List
+from typing import Awaitable, Callable, Dict, List
 
 from onmt_lite.translate.sentences import (
     SentenceSplitter,
@@ -21,6 +22,15 @@ from onmt_lite.translate.sentences import (
 Decode = Callable[[List[str], int], Awaitable[List[List[str]]]]
 
 PUNCTUATION = ("!", "?", ".", ",", ";", "。")
+_splitters: Dict[str, SentenceSplitter] = {}
+
+
+async def splitter_for(language: str) -> SentenceSplitter:
+    """The sentence splitter of a source language, made once (spaCy's import and pipeline take
+    a second or two: in a thread, so that the server goes on answering meanwhile)."""
+    if language not in _splitters:
+        _splitters[language] = await asyncio.to_thread(SentenceSplitter, language)
+    return _splitters[language]
 
 
 class TextPlan:
@@ -33,6 +43,11 @@ class TextPlan:
 
     def sentences(self) -> List[str]:
         return [s for paragraphs in self.cuts for sentences in paragraphs for s in sentences]
+
+    def ranked(self, translations: List[List[str]], n_best: int) -> List[List[str]]:
+        """Each text's ``n_best`` hypotheses, best first."""
+        ranks = [self.rebuild(translations, rank) for rank in range(n_best)]
+        return [[ranks[rank][i] for rank in range(n_best)] for i in range(len(self.texts))]
 
     def rebuild(self, translations: List[List[str]], rank: int) -> List[str]:
         """Each text's ``rank``-th hypothesis from its sentences' n-best ``translations`` (in
@@ -51,11 +66,10 @@ class TextPlan:
 async def hypotheses(texts: List[str], splitter: SentenceSplitter, decode: Decode,
                      n_best: int) -> List[List[str]]:
     """Each text's n-best translations, best first, as Argos Translate's ``hypotheses``."""
-    plan = TextPlan(texts, splitter)
+    plan = await asyncio.to_thread(TextPlan, texts, splitter)
     sentences = plan.sentences()
     translations = await decode(sentences, n_best) if sentences else []
-    ranks = [plan.rebuild(translations, rank) for rank in range(n_best)]
-    return [[ranks[rank][i] for rank in range(n_best)] for i in range(len(texts))]
+    return plan.ranked(translations, n_best)
 
 
 async def translate(texts: List[str], splitter: SentenceSplitter, decode: Decode) -> List[str]:
