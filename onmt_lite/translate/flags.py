@@ -39,6 +39,10 @@ def _data(g) -> None:
              "continue from it: a run stopped at any point resumes where it stopped")
     add(g, "shard_size", type=integer(0), default=10000,
         help="lines read, sorted and batched at a time (0: the whole input)")
+    add(g, "split_sentences", metavar="LANG", default="",
+        help="each line is a paragraph in language LANG (such as en): its sentences, cut as "
+             "LibreTranslate cuts them (spaCy's sentencizer), translated and joined; one output "
+             "line per input line (needs the sentences extra: spaCy)")
     add(g, "src_seq_length_trunc", type=integer(0), default=0,
         help="truncate longer source lines to this many tokens (0: only to the model's limit)")
 

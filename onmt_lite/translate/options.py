@@ -48,6 +48,7 @@ class DecodingOptions:
     banned_tokens: Sequence[int] = ()  # never generated (a Marian model's bad_words_ids)
     renormalize_logits: bool = False  # log-softmax after the processors (-search hf)
     keep_attention: bool = True  # each hypothesis' attention (Translation.attns); off: width 0
+    split_sentences: str = ""  # a language: each line a paragraph of sentences (paragraphs.py)
 
     def validate(self) -> None:
         """Raises OptionError naming the option of a value or combination that is refused:

@@ -24,7 +24,7 @@ from onmt_lite.search.loop import run_to_end, search_steps
 from onmt_lite.search.presets import PRESETS, build_search
 from onmt_lite.search.processors import BannedTokens, force_eos
 from onmt_lite.transforms import SubwordTransform
-from onmt_lite.translate import batching
+from onmt_lite.translate import batching, paragraphs
 from onmt_lite.translate.distributed import block, gather, join, world
 from onmt_lite.translate.options import DecodingOptions, check_numbers
 from onmt_lite.translate.phrase_table import phrase, read_phrase_table
@@ -103,10 +103,19 @@ class Translator:
 
     def translate_iter(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
                        batch_type: str = "sents", shard_size: int = 10000) -> Iterator[Translation]:
-        """Like translate, yielding each Translation in input order as soon as it is ready."""
+        """Like translate, yielding each Translation in input order as soon as it is ready;
+        with -split_sentences, each line's sentences translated as one (paragraphs.py)."""
+        if self.opt.split_sentences:
+            return paragraphs.translate_paragraphs(self, src, tgt, batch_size, progress,
+                                                   batch_type, shard_size)
+        return self._in_order(self.translate_batches(src, tgt, batch_size, progress=progress,
+                                                     batch_type=batch_type,
+                                                     shard_size=shard_size))
+
+    @staticmethod
+    def _in_order(batches) -> Iterator[Translation]:
         results, next_out = {}, 0
-        for batch in self.translate_batches(src, tgt, batch_size, progress=progress,
-                                            batch_type=batch_type, shard_size=shard_size):
+        for batch in batches:
             results.update((t.index, t) for t in batch)
             while next_out in results:
                 yield results.pop(next_out)
@@ -120,7 +129,14 @@ class Translator:
                                                      batch_type, shard_size):
             yield translations
 
-    def numbered_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
+    def numbered_batches(self, *args, **kwargs) -> Iterator[Tuple[int, List[Translation]]]:
+        """sentence_batches, where each line is one sentence (not with -split_sentences)."""
+        if self.opt.split_sentences:
+            raise OptionError("-split_sentences translates a file's lines in order: not with "
+                              "-resume or batch by batch")
+        return self.sentence_batches(*args, **kwargs)
+
+    def sentence_batches(self, src, tgt=None, batch_size: int = 30, progress: bool = False,
                          only: Optional[set] = None, batch_type: str = "sents",
                          shard_size: int = 10000, skip: frozenset = frozenset()
                          ) -> Iterator[Tuple[int, List[Translation]]]:
