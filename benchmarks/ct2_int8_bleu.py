@@ -1,16 +1,21 @@
-"""The int8 CTranslate2 conversion of the sentencepiece fixture: onmt_lite's exact decoding of
-its dequantized weights against CTranslate2's own int8 translations (compute_type int8), with
-argos's decoding options, on the whole test_2016_flickr set: BLEU of each against the
-reference, and the share of identical lines.
+"""The int8 CTranslate2 conversion of the sentencepiece fixture: onmt_lite's default for a model
+stored in int8 (the fast path with its own int8 weights) and its exact decoding of the
+dequantized weights (-precision fp32), against CTranslate2's own translations (compute_type int8
+and float32), with argos's decoding options, on the whole test_2016_flickr set: BLEU of each
+against the reference, the share of lines identical to onmt_lite's exact decoding, and
+onmt_lite's decoding time (one thread, best of ``-rounds``), then the same as JSON.
 
-    ONMT_LITE_CT2_FIXTURES=DIR .venv/bin/python benchmarks/ct2_int8_bleu.py
+    ONMT_LITE_CT2_FIXTURES=DIR .venv/bin/python benchmarks/ct2_int8_bleu.py [-rounds 3]
 
 DIR as tests/reference/make_ctranslate2_models.py --fixtures DIR made it; CTranslate2's
 translations are read from tests/reference/ctranslate2_fixtures.json.
 """
+import argparse
 import json
 import os
+import platform
 import sys
+import time
 
 import sentencepiece
 import torch
@@ -29,7 +34,19 @@ def argos_text(spm, pieces) -> str:
     return text[1:] if text.startswith(" ") else text
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-rounds", type=int, default=3)
+    args = parser.parse_args()
     torch.set_num_threads(1)
     folder = os.path.join(os.environ["ONMT_LITE_CT2_FIXTURES"], "spm_int8")
     with open(os.path.join(ROOT, "tests", "reference", "ctranslate2_fixtures.json"),
@@ -38,19 +55,34 @@ def main() -> None:
     with open(os.path.join(DATA, "test_2016_flickr.de"), encoding="utf-8") as f:
         references = [line.rstrip("\n") for line in f]
     spm = sentencepiece.SentencePieceProcessor(model_file=SPM)
-    translator = build_translator({"model": folder, "search": "ctranslate2", "beam_size": 4,
-                                   "alpha": 0.2, "replace_unk": True})
-    ours = [argos_text(spm, t.preds[0]) for t in translator.translate(ref["lines"])]
-    theirs = {name: [argos_text(spm, hyps[0][0].split()) for hyps in ref[key]["argos"]
-                     ["hypotheses"]] for name, key in (("int8", "int8_cases"),
-                                                       ("float32", "cases"))}
-    for name, lines in (("onmt_lite, dequantized fp32", ours),
-                        ("CTranslate2, compute_type int8", theirs["int8"]),
-                        ("CTranslate2, compute_type float32", theirs["float32"])):
-        bleu = corpus_scores(lines, [references], metrics=("bleu",))[0]
-        same = sum(a == b for a, b in zip(ours, lines))
-        print(f"{name:<36} BLEU {bleu.score:.2f}  identical to onmt_lite: {same}/"
-              f"{len(lines)} ({same / len(lines):.1%})")
+    argos = {"model": folder, "search": "ctranslate2", "beam_size": 4, "alpha": 0.2,
+             "replace_unk": True}
+    translators = {"onmt_lite, stored int8 (default)": build_translator(argos),
+                   "onmt_lite, dequantized fp32 (exact)": build_translator(
+                       dict(argos, precision="fp32"))}
+    lines, seconds = {}, {}
+    for _ in range(args.rounds):  # the two alternate, each round
+        for name, translator in translators.items():
+            start = time.perf_counter()
+            found = [argos_text(spm, t.preds[0]) for t in translator.translate(ref["lines"])]
+            seconds[name] = min(seconds.get(name, float("inf")), time.perf_counter() - start)
+            lines[name] = found
+    exact = lines["onmt_lite, dequantized fp32 (exact)"]
+    for name, key in (("CTranslate2, compute_type int8", "int8_cases"),
+                      ("CTranslate2, compute_type float32", "cases")):
+        lines[name] = [argos_text(spm, hyps[0][0].split())
+                       for hyps in ref[key]["argos"]["hypotheses"]]
+    rows = []
+    print(f"{cpu_name()}, torch {torch.__version__}, one thread, {len(exact)} lines")
+    for name, found in lines.items():
+        bleu = corpus_scores(found, [references], metrics=("bleu",))[0].score
+        same = sum(a == b for a, b in zip(exact, found))
+        rows.append({"decoding": name, "bleu": round(bleu, 2), "identical_to_exact": same,
+                     "lines": len(found), "seconds": seconds.get(name)})
+        took = f"  {seconds[name]:.2f} s" if name in seconds else ""
+        print(f"{name:<38} BLEU {bleu:.2f}  identical to exact: {same}/{len(found)} "
+              f"({same / len(found):.1%}){took}")
+    print(json.dumps({"cpu": cpu_name(), "torch": torch.__version__, "rows": rows}))
 
 
 if __name__ == "__main__":

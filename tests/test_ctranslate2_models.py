@@ -43,7 +43,9 @@ SCORE_TOLERANCE = 1e-4
 
 
 def translate(model: str, lines, options: dict, batch_size: int = 32):
-    translator = build_translator({"model": model, "search": "ctranslate2",
+    """Exact decoding (-precision fp32: a model stored in int8 decodes its dequantized weights,
+    as CTranslate2 does with compute_type float32)."""
+    translator = build_translator({"model": model, "search": "ctranslate2", "precision": "fp32",
                                    **{OPTIONS[k]: v for k, v in options.items()}})
     return translator.translate(lines, batch_size=batch_size)
 

@@ -30,7 +30,7 @@ from onmt_lite.models import aot
 from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
 from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
 from onmt_lite.models.fast import to_fast
-from onmt_lite.models.int8 import pick_engine, quantize
+from onmt_lite.models.int8 import pick_engine, quantize, quantize_rows
 from onmt_lite.models.model import NMTModel
 from onmt_lite.models.state import StateFn
 from onmt_lite.models.transformer import TransformerDecoder
@@ -69,6 +69,7 @@ class StepPlan:
     fast: bool = False
     compiled: bool = False  # the step, encoder and output layer as programs
     int8_engine: Optional[str] = None  # -int8_engine (int8.pick_engine), or None: no int8
+    int8_rows: bool = False  # int8 weights with one scale per output row (int8.quantize_rows)
 
     @property
     def bf16(self) -> bool:
@@ -88,9 +89,11 @@ def pick_precision(precision: str, device: str, fast: bool, int8: bool, compile:
 
 
 def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
-              fast: bool = False, compile: bool = False, int8_engine: str = "auto") -> StepPlan:
+              fast: bool = False, compile: bool = False, int8_engine: str = "auto",
+              int8_rows: bool = False) -> StepPlan:
     """The step these options choose on this machine; combinations that cannot run are refused
-    (OptionError). ``-compile -int8`` runs the fast int8 step uncompiled, after one line."""
+    (OptionError). ``-compile -int8`` runs the fast int8 step uncompiled, after one line.
+    ``int8_rows``: a model stored in int8, whose weights are quantised as it stores them."""
     precision = pick_precision(precision, device, fast, int8, compile)
     if precision not in PRECISIONS:
         raise OptionError(f"-precision must be one of auto, {', '.join(PRECISIONS)}")
@@ -111,7 +114,8 @@ def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
     if compile and int8:
         logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
         compile = False
-    return StepPlan(device, precision, fast, compile, int8_engine if int8 else None)
+    return StepPlan(device, precision, fast, compile, int8_engine if int8 else None,
+                    int8 and int8_rows)
 
 
 def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTModel:
@@ -138,7 +142,10 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
     if plan.int8_engine is not None:
         layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if plan.fast \
             else {nn.Linear}
-        model = quantize(model, layers, plan.int8_engine)
+        if plan.int8_rows:
+            model, layers = quantize_rows(model, plan.int8_engine), layers - {nn.Linear}
+        if layers:
+            model = quantize(model, layers, plan.int8_engine)
     step = compiled_step(model)
     if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
         model.compiled_output = CompiledOutput(model.generator, step.build)
@@ -147,10 +154,11 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,
                   precision: str = "fp32", fast: bool = False, compile: bool = False,
-                  compile_cache: str = "", int8_engine: str = "auto") -> NMTModel:
+                  compile_cache: str = "", int8_engine: str = "auto",
+                  int8_rows: bool = False) -> NMTModel:
     """``model`` prepared for the step the options choose on this machine (plan_step)."""
-    return prepare(model, plan_step(device, int8, precision, fast, compile, int8_engine),
-                   compile_cache)
+    return prepare(model, plan_step(device, int8, precision, fast, compile, int8_engine,
+                                    int8_rows), compile_cache)
 
 
 def compiled_step(model: NMTModel) -> Optional[CompiledStep]:

@@ -1,6 +1,12 @@
 """``-int8``: dynamic int8 quantisation (weights int8 per tensor, made once; each product's input
 quantised as it comes), and which of torch's CPU kernels run it (``-int8_engine``).
 
+A model stored in int8 (a CTranslate2 model or Argos package quantised to int8) has one scale per
+output row, each row's largest weight at 127: ``quantize_rows`` quantises its linear layers that
+way, which gives back exactly the int8 values it was stored with (the weights are read as their
+dequantised rows, int8 / scale, and a row's int8 values are its weights over its largest times
+127, which the fast path's fusions keep: they put rows side by side, or scale a whole row).
+
 torch packs a layer's int8 weights for one engine, chosen by ``torch.backends.quantized.engine``
 when they are packed; the product then runs that engine's kernel. Both engines quantise the same
 way (inputs to 7 bits, ``reduce_range``, as the layers' own calls do), so they round
@@ -15,6 +21,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.errors import OptionError
 
@@ -57,3 +64,29 @@ def quantize(model: nn.Module, layers: set, engine: str = "auto") -> nn.Module:
         return torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
                                                       inplace=True)
 
+
+def quantize_rows(model: nn.Module, engine: str = "auto") -> nn.Module:
+    """``model`` with every nn.Linear replaced in place by a dynamic int8 one whose weight has one
+    scale per output row (largest magnitude to 127), packed for ``pick_engine(engine)``."""
+    done = {}
+    with warnings.catch_warnings(), packing_for(pick_engine(engine)):
+        warnings.simplefilter("ignore")  # torch flags its quantised tensor types as legacy
+        for parent in list(model.modules()):
+            for name, child in parent.named_children():
+                if type(child) is nn.Linear:
+                    if id(child) not in done:
+                        done[id(child)] = _row_quantized(child)
+                    setattr(parent, name, done[id(child)])
+    return model
+
+
+def _row_quantized(linear: nn.Linear) -> DynamicQuantizedLinear:
+    weight = linear.weight.detach().float()
+    largest = weight.abs().amax(dim=1)
+    scales = torch.where(largest > 0, largest / 127, torch.ones_like(largest)).double()
+    rows = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long),
+                                      0, torch.qint8)
+    quantized = DynamicQuantizedLinear(linear.in_features, linear.out_features,
+                                       bias_=linear.bias is not None, dtype=torch.qint8)
+    quantized.set_weight_bias(rows, None if linear.bias is None else linear.bias.detach().float())
+    return quantized

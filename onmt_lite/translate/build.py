@@ -124,13 +124,18 @@ def _load(opt, paths: List[str], values: dict, device: str):
         transform = build_transform(lambda name: _get(opt, name), ckpt.opt, path,
                                     ckpt.subword_models)
         _check_pieces_fit(transform, src_vocab, tgt_vocab)
+    stored_int8 = bool(ckpt.int8_weights)
     del ckpt  # its weights are in the model now: free them before quantising, not after
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
                         for other in paths[1:]]
-    models = [for_inference(m, device, bool(_get(opt, "int8", False)),
-                            _get(opt, "precision", "auto") or "auto", bool(_get(opt, "fast")),
+    int8, fast = bool(_get(opt, "int8", False)), bool(_get(opt, "fast"))
+    if stored_int8 and "precision" not in given and not int8:
+        int8 = fast = True
+        logger.info("%s is stored in int8: it decodes on the fast path with its own int8 "
+                    "weights (-precision fp32: its weights dequantized, decoded exactly)", path)
+    models = [for_inference(m, device, int8, _get(opt, "precision", "auto") or "auto", fast,
                             bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
-                            _get(opt, "int8_engine", "auto") or "auto")
+                            _get(opt, "int8_engine", "auto") or "auto", int8_rows=stored_int8)
               for m in models]
     return models, src_vocab, tgt_vocab, values, transform
 
