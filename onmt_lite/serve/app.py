@@ -9,7 +9,7 @@ from typing import Optional, Set
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from onmt_lite.serve import libre_api, libre_text, onmt_api
+from onmt_lite.serve import libre_api, libre_file_api, libre_text, onmt_api
 from onmt_lite.serve.limits import Limits
 from onmt_lite.serve.metrics import CONTENT_TYPE_LATEST
 from onmt_lite.serve.middleware import BodyLimit, InFlight, Measure
@@ -24,12 +24,14 @@ def create_app(registry: Registry, limits: Limits = Limits(),
                api_keys: Optional[Set[str]] = None, admin_keys: Optional[Set[str]] = None):
     """The ASGI application serving ``registry``'s models (keys: see service.Service)."""
     service = Service(registry, limits, api_keys, admin_keys)
+    store = libre_file_api.FileStore()
 
     async def lifespan(app):
         await asyncio.to_thread(registry.load_at_start)
         yield
         service.draining = True  # uvicorn has finished the requests in flight
         await asyncio.to_thread(registry.stop)
+        store.close()
 
     app = FastAPI(title="onmt_lite translation server", lifespan=lifespan,
                   description="OpenNMT-py's server API under /translator/ and LibreTranslate's "
@@ -50,6 +52,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
     app.add_middleware(Measure, metrics=registry.metrics)
     onmt_api.add_routes(app, service)
     libre_api.add_routes(app, service)
+    libre_file_api.add_routes(app, service, store)
     _add_own_routes(app, service)
     if limits.max_request_bytes > 0:
         app = BodyLimit(app, limits.max_request_bytes)

@@ -29,6 +29,26 @@ class TextFields(MultiPartParser):
         super().on_part_end()
 
 
+class FileTooLarge(Exception):
+    """An uploaded file over its limit of bytes."""
+
+
+class UploadFields(TextFields):
+    """TextFields for an upload of one file, refused (FileTooLarge) as soon as the file's bytes
+    go over ``max_file_bytes``, before the rest of the body is read."""
+
+    def __init__(self, headers, stream, max_file_bytes: int):
+        super().__init__(headers, stream, max_files=1, max_fields=32)
+        self.max_file_bytes, self.file_bytes = max_file_bytes, 0
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._current_part.file is not None:
+            self.file_bytes += end - start
+            if self.file_bytes > self.max_file_bytes:
+                raise FileTooLarge(self.max_file_bytes)
+        super().on_part_data(data, start, end)
+
+
 def pairs(raw: bytes) -> List[Tuple[str, str]]:
     """The name=value pairs of a query string or an urlencoded body, percent-decoded and read as
     UTF-8 (Starlette replaces what is not UTF-8 with U+FFFD, silently). Raises NotText naming

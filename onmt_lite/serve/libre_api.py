@@ -1,13 +1,16 @@
 """LibreTranslate's API at the root: translate, languages, detect, frontend settings (the fields
 read from JSON or forms, as LibreTranslate reads them). Texts are cut into sentences and html
-into text nodes as LibreTranslate cuts them (libre_text, libre_html)."""
+into text nodes as LibreTranslate cuts them (libre_text, libre_html); languages are detected as
+it detects them (detect); files are translated by libre_file_api."""
 import asyncio
 from typing import Dict, List
 
 from fastapi import FastAPI, Request
 
 from onmt_lite.serve import libre_text
+from onmt_lite.serve.detect import DetectorUnavailable, detect_languages, fallback
 from onmt_lite.serve.languages import language_name
+from onmt_lite.serve.libre_files import EXTENSIONS
 from onmt_lite.serve.libre_html import translate_html
 from onmt_lite.serve.models import ServedModel
 from onmt_lite.serve.service import ApiError, Service, count
@@ -32,6 +35,34 @@ def sentence_decoder(service: Service, request: Request, model: ServedModel):
         results = await service.translate(request, model, sentences, n_best)
         return [s.texts for s in results]
     return decode
+
+
+def served_languages(service: Service) -> List[str]:
+    """The languages the server translates from or into (LibreTranslate's installed
+    languages): those language detection chooses from."""
+    codes: List[str] = []
+    for model in service.registry.models.values():
+        if model.spec.src_lang and model.spec.tgt_lang:
+            for code in (model.spec.src_lang, model.spec.tgt_lang):
+                if code not in codes:
+                    codes.append(code)
+    return codes
+
+
+async def detect(service: Service, q) -> List[dict]:
+    """LibreTranslate's /detect answer for ``q`` (a text or a list of texts)."""
+    try:
+        return await asyncio.to_thread(detect_languages, q, tuple(served_languages(service)))
+    except DetectorUnavailable as err:
+        raise ApiError(500, str(err)) from None
+
+
+async def detect_source(service: Service, q) -> dict:
+    """The language ``q`` is most likely in, ``{"confidence", "language"}``, its code that of a
+    served language (pt and pb, zh and zt stand for each other) when one fits."""
+    best = dict((await detect(service, q))[0])
+    best["language"] = fallback(best["language"], served_languages(service)) or best["language"]
+    return best
 
 
 async def splitter_of(model: ServedModel) -> SentenceSplitter:
@@ -75,7 +106,11 @@ def add_routes(app: FastAPI, service: Service) -> None:
         if fmt not in FORMATS:
             raise ApiError(400, f"format {fmt!r} is not supported; use text or html")
         alternatives = count(data.get("alternatives", 0), "alternatives")
-        model = service.pair(data.get("source"), data.get("target"))
+        source, detected = data.get("source"), None
+        if isinstance(source, str) and source.lower() == "auto":
+            detected = await detect_source(service, texts)
+            source = detected["language"]
+        model = service.pair(source, data.get("target"))
         if alternatives + 1 > model.beam_size:
             raise ApiError(400, f"alternatives: at most {model.beam_size - 1} (the model's "
                                 f"beam size {model.beam_size}, less one)")
@@ -84,8 +119,7 @@ def add_routes(app: FastAPI, service: Service) -> None:
         body = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if alternatives:
             body["alternatives"] = others if isinstance(q, list) else others[0]
-        if str(data.get("source")).lower() == "auto":
-            detected = {"confidence": 0, "language": model.spec.src_lang}
+        if detected is not None:
             body["detectedLanguage"] = [detected] * len(texts) if isinstance(q, list) \
                 else detected
         return body
@@ -103,16 +137,19 @@ def add_routes(app: FastAPI, service: Service) -> None:
                 for code, to in targets.items()]
 
     @app.post("/detect", tags=["LibreTranslate"],
-              summary="The served source languages, each with confidence 0: this server does "
-                      "not detect languages")
-    async def detect(request: Request):
+              summary="The languages q may be in, best first: [{confidence, language}] (among "
+                      "the languages served)")
+    async def detect_route(request: Request):
         data = await service.fields(request)
         service.check_key(data.get("api_key"))
-        if not data.get("q"):
+        q = data.get("q")
+        if not q:
             raise ApiError(400, "Invalid request: missing q parameter")
-        sources = dict.fromkeys(m.spec.src_lang for m in service.registry.models.values()
-                                if m.spec.src_lang)
-        return [{"confidence": 0, "language": code} for code in sources]
+        texts = q if isinstance(q, list) else [q]
+        if not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, "Invalid request: q must be a text or a list of texts")
+        service.check_texts(texts, "q")
+        return await detect(service, q)
 
     @app.get("/frontend/settings", tags=["LibreTranslate"])
     async def frontend_settings():
@@ -121,7 +158,7 @@ def add_routes(app: FastAPI, service: Service) -> None:
         return {"charLimit": service.limits.max_chars, "frontendTimeout": 500,
                 "apiKeys": bool(service.api_keys), "keyRequired": bool(service.api_keys),
                 "suggestions": False,
-                "filesTranslation": False, "supportedFilesFormat": [],
+                "filesTranslation": True, "supportedFilesFormat": list(EXTENSIONS),
                 "language": {
                     "source": {"code": first.src_lang, "name": language_name(first.src_lang)},
                     "target": {"code": first.tgt_lang, "name": language_name(first.tgt_lang)},

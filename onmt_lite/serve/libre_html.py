@@ -51,23 +51,39 @@ def keep_outer_spaces(source: str, translation: str) -> str:
     return translation
 
 
-def write_back(soup: BeautifulSoup, nodes: List[NavigableString], texts: List[str]) -> str:
-    """The tree with each node replaced by plain text (its translation or itself), unescaped as
-    LibreTranslate's answer is."""
-    for node, text in zip(nodes, texts):
-        node.replace_with(NavigableString(text))
-    return html.unescape(str(soup))
+class HtmlPlan:
+    """A fragment's text nodes to translate, and the fragment written back from their
+    translations."""
+
+    def __init__(self, fragment: str):
+        self.soup = parse(fragment)
+        self.nodes = text_nodes(self.soup)
+        self.chosen = [i for i, node in enumerate(self.nodes) if to_translate(node)]
+
+    def texts(self) -> List[str]:
+        """The text nodes to translate, in document order."""
+        return [str(self.nodes[i]) for i in self.chosen]
+
+    def text(self) -> str:
+        """Every string of the tree joined (Argos Translate's ``itag.text()``)."""
+        return "".join(str(node) for node in self.nodes)
+
+    def render(self, translations: List[str], unescape: bool = True) -> str:
+        """The tree with each chosen node replaced by its translation (the spaces at its ends
+        kept), every node written back as plain text; unescaped as LibreTranslate's /translate
+        answer is, unless told (its .html files are not)."""
+        texts = [str(node) for node in self.nodes]
+        for i, translation in zip(self.chosen, translations):
+            texts[i] = keep_outer_spaces(texts[i], translation)
+        for node, text in zip(self.nodes, texts):
+            node.replace_with(NavigableString(text))
+        return html.unescape(str(self.soup)) if unescape else str(self.soup)
 
 
 async def translate_html(fragment: str,
                          translate: Callable[[List[str]], Awaitable[List[str]]]) -> str:
     """``fragment`` with its text translated by ``translate`` (texts in, each translated as
     Argos Translate's ``translate`` does: paragraphs, sentences, no formatting fixes)."""
-    soup = parse(fragment)
-    nodes = text_nodes(soup)
-    chosen = [i for i, node in enumerate(nodes) if to_translate(node)]
-    translated = await translate([str(nodes[i]) for i in chosen]) if chosen else []
-    texts = [str(node) for node in nodes]
-    for i, translation in zip(chosen, translated):
-        texts[i] = keep_outer_spaces(texts[i], translation)
-    return write_back(soup, nodes, texts)
+    plan = HtmlPlan(fragment)
+    texts = plan.texts()
+    return plan.render(await translate(texts) if texts else [])

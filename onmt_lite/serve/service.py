@@ -145,18 +145,12 @@ class Service:
         return values
 
     def pair(self, source, target) -> ServedModel:
-        """The model that translates ``source`` into ``target`` (LibreTranslate's fields)."""
+        """The model that translates ``source`` into ``target`` (LibreTranslate's fields; a
+        source "auto" is detected first, see libre_api)."""
         for name, value in (("source", source), ("target", target)):
             if not isinstance(value, str) or not value:
                 raise ApiError(400, f"Invalid request: missing {name} parameter")
         source, target = source.lower(), target.lower()
-        if source == "auto":
-            sources = {m.spec.src_lang for m in self.registry.models.values()
-                       if m.spec.tgt_lang == target}
-            if len(sources) != 1:
-                raise ApiError(400, "source auto: this server does not detect languages; give "
-                                    "the source language")
-            source = sources.pop()
         model = self.registry.by_languages(source, target)
         if model is None:
             known = {m.spec.src_lang for m in self.registry.models.values()}
