@@ -373,9 +373,8 @@ def _served_with_the_compiled_programs(model, cache, lines, made, expected):
                     model=model, start_s=300)
     try:
         with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda line: http.post("/translate", json={
-                "q": line, "source": "en", "target": "de"}).json()["translatedText"],
-                lines * 3))
+            answers = list(pool.map(lambda line: http.post("/translator/translate", json=[
+                {"src": line, "id": 0}]).json()[0][0]["tgt"], lines * 3))
     finally:
         server.stop()
     assert answers == expected * 3

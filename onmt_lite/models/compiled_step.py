@@ -66,7 +66,7 @@ BUILDING = threading.Lock()  # one program built at a time (threads of one proce
 
 def min_buffer_rows(group: int) -> int:
     """The fewest cache buffer rows a program takes: export traces the rows as two sources or
-    more, and the buffer holds every row. A lone sentence's steps run uncompiled."""
+    more, and the buffer holds every row. A lone sentence's cache gets spare rows."""
     return 2 * group
 
 
@@ -299,9 +299,7 @@ class CompiledStep:
         if cache.length + 1 > decoder.embeddings.max_len:
             raise ValueError(f"sequence longer than {decoder.embeddings.max_len} positions")
         cache.reserve(1)
-        if cache.buffer.size(2) < min_buffer_rows(decoder.group):  # a lone sentence
-            out, attn = decoder.forward(tokens.unsqueeze(1))
-            return out.squeeze(1), attn.squeeze(1)
+        cache.spare_rows(min_buffer_rows(decoder.group))  # a lone sentence: spare rows
         program = self.program(decoder.group, decoder)
         memory = [state[key] for key in decoder.source_keys[1:]]  # keys, values of each layer
         out, attn, new = program(cache.to_buffer(tokens).contiguous(), at, cache.buffer, memory,

@@ -123,6 +123,16 @@ class KVCache:
         self.slot, self.inverse = torch.cat([self.slot, added]), torch.cat([self.inverse, added])
         self.rows = rows
 
+    def spare_rows(self, rows: int) -> None:
+        """Makes the buffer at least ``rows`` rows (spare ones zeroed), its contents kept: a
+        compiled step takes buffers of at least two sentences' rows."""
+        if rows > self.buffer.size(2):
+            shape = list(self.buffer.shape)
+            shape[2] = rows
+            larger = torch.zeros(shape, dtype=self.buffer.dtype, device=self.buffer.device)
+            larger[:, :, :self.buffer.size(2)] = self.buffer
+            self.buffer = larger
+
     def to_buffer(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` from logical to buffer order."""
         return x if self.in_order else x.index_select(0, self.inverse)
