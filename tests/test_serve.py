@@ -72,14 +72,15 @@ def test_a_text_of_several_lines_keeps_its_lines(client, reference):
 
 
 def test_languages_detect_and_frontend_settings(client):
-    assert client.get("/languages").json() == [{"code": "en", "name": "English",
-                                                 "targets": ["de"]}]
+    assert client.get("/languages").json() == [
+        {"code": "en", "name": "English", "targets": ["de", "en"]},
+        {"code": "de", "name": "German", "targets": ["de"]}]
     assert client.post("/detect", json={"q": "Hello"}).json() == [{"confidence": 90.0,
                                                                    "language": "en"}]
     auto = client.post("/translate", json={"q": DEMO[0], "source": "auto", "target": "de"})
     assert auto.json()["detectedLanguage"]["language"] == "en"
     settings = client.get("/frontend/settings").json()
-    assert settings["language"]["source"]["code"] == "en" and settings["apiKeys"] is False
+    assert settings["language"]["source"]["code"] == "auto" and settings["apiKeys"] is False
 
 
 # -- OpenNMT-py's API -------------------------------------------------------------------------
@@ -366,7 +367,8 @@ def test_a_libretranslate_client_library_works_unchanged():
         translated = client.translate(DEMO[0], "en", "de")
         assert translated == httpx.post(server.url + "/translate", json={
             "q": DEMO[0], "source": "en", "target": "de"}).json()["translatedText"]
-        assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]}]
+        assert client.languages() == [{"code": "en", "name": "English", "targets": ["de", "en"]},
+                                      {"code": "de", "name": "German", "targets": ["de"]}]
         assert client.detect("Hello") == [{"confidence": 90.0, "language": "en"}]
         keyed = lt.LibreTranslateAPI(server.url, api_key="unused")  # no keys configured
         assert keyed.translate(DEMO[1], "en", "de")

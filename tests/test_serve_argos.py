@@ -95,7 +95,8 @@ def test_a_served_package_answers_as_translate_py_with_the_package():
     expected = [t.output_lines()[0] for t in build_translator({"model": package}).translate(lines)]
     with app_for(read_argos_packages(FP32, {})) as client:
         assert client.get("/languages").json() == [
-            {"code": "en", "name": "English", "targets": ["de"]}]
+            {"code": "en", "name": "English", "targets": ["de", "en"]},
+            {"code": "de", "name": "German", "targets": ["de"]}]
         answer = client.post("/translate", json={"q": lines, "source": "en", "target": "de"})
         assert answer.status_code == 200, answer.text
         assert answer.json()["translatedText"] == expected

@@ -3,7 +3,7 @@ read from JSON or forms, as LibreTranslate reads them). Texts are cut into sente
 into text nodes as LibreTranslate cuts them (libre_text, libre_html); languages are detected as
 it detects them (detect); files are translated by libre_file_api."""
 import asyncio
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from fastapi import FastAPI, Request
 
@@ -72,18 +72,40 @@ async def splitter_of(model: ServedModel) -> SentenceSplitter:
         raise ApiError(500, str(err)) from None
 
 
-async def translate_texts(service: Service, request: Request, model: ServedModel,
+def pair(service: Service, source, target) -> Optional[ServedModel]:
+    """The model that translates ``source`` into ``target``; None when both are one served
+    language (LibreTranslate translates a language into itself: the text unchanged)."""
+    if isinstance(source, str) and isinstance(target, str) and source \
+            and source.lower() == target.lower() and source.lower() in served_languages(service):
+        return None
+    return service.pair(source, target)
+
+
+async def unchanged(texts: List[str]) -> List[str]:
+    """Argos Translate's IdentityTranslation: a text into its own language."""
+    return list(texts)
+
+
+async def translate_texts(service: Service, request: Request, model: Optional[ServedModel],
                           texts: List[str], fmt: str, n_best: int):
     """Each text's translatedText and alternatives, as LibreTranslate gives them: text
-    formatted from its sentences' n-best; html without alternatives."""
-    splitter = await splitter_of(model)
-    decode = sentence_decoder(service, request, model)
-    if fmt == "html":
+    formatted from its sentences' n-best; html without alternatives. Without a model (a
+    language into itself) each text is its own n-best."""
+    if model is None:
+        plain = unchanged
+    else:
+        splitter = await splitter_of(model)
+        decode = sentence_decoder(service, request, model)
+
         async def plain(nodes: List[str]) -> List[str]:
             return await libre_text.translate(nodes, splitter, decode)
+    if fmt == "html":
         translated = await asyncio.gather(*(translate_html(text, plain) for text in texts))
         return list(translated), [[] for _ in texts]
-    ranked = await libre_text.hypotheses(texts, splitter, decode, n_best)
+    if model is None:
+        ranked = [[text] * n_best for text in texts]
+    else:
+        ranked = await libre_text.hypotheses(texts, splitter, decode, n_best)
     answers = [libre_text.answer(text, hyps) for text, hyps in zip(texts, ranked)]
     return [a[0] for a in answers], [a[1] for a in answers]
 
@@ -110,8 +132,8 @@ def add_routes(app: FastAPI, service: Service) -> None:
         if isinstance(source, str) and source.lower() == "auto":
             detected = await detect_source(service, texts)
             source = detected["language"]
-        model = service.pair(source, data.get("target"))
-        if alternatives + 1 > model.beam_size:
+        model = pair(service, source, data.get("target"))
+        if model is not None and alternatives + 1 > model.beam_size:
             raise ApiError(400, f"alternatives: at most {model.beam_size - 1} (the model's "
                                 f"beam size {model.beam_size}, less one)")
         translated, others = await translate_texts(service, request, model, texts, fmt,
@@ -125,16 +147,16 @@ def add_routes(app: FastAPI, service: Service) -> None:
         return body
 
     @app.get("/languages", tags=["LibreTranslate"],
-             summary="The language pairs served: [{code, name, targets}]")
+             summary="The languages served: [{code, name, targets}], each language a target of "
+                     "itself (its texts unchanged), as LibreTranslate lists them")
     async def languages():
-        targets: Dict[str, List[str]] = {}
+        codes = served_languages(service)
+        targets: Dict[str, set] = {code: {code} for code in codes}  # each into itself
         for model in service.registry.models.values():
             if model.spec.src_lang and model.spec.tgt_lang:
-                targets.setdefault(model.spec.src_lang, [])
-                if model.spec.tgt_lang not in targets[model.spec.src_lang]:
-                    targets[model.spec.src_lang].append(model.spec.tgt_lang)
-        return [{"code": code, "name": language_name(code), "targets": sorted(to)}
-                for code, to in targets.items()]
+                targets[model.spec.src_lang].add(model.spec.tgt_lang)
+        return [{"code": code, "name": language_name(code), "targets": sorted(targets[code])}
+                for code in codes]
 
     @app.post("/detect", tags=["LibreTranslate"],
               summary="The languages q may be in, best first: [{confidence, language}] (among "
@@ -159,7 +181,7 @@ def add_routes(app: FastAPI, service: Service) -> None:
                 "apiKeys": bool(service.api_keys), "keyRequired": bool(service.api_keys),
                 "suggestions": False,
                 "filesTranslation": True, "supportedFilesFormat": list(EXTENSIONS),
-                "language": {
-                    "source": {"code": first.src_lang, "name": language_name(first.src_lang)},
+                "language": {  # LibreTranslate's default source: detect
+                    "source": {"code": "auto", "name": "Auto Detect"},
                     "target": {"code": first.tgt_lang, "name": language_name(first.tgt_lang)},
                 } if first else {}}

@@ -169,13 +169,17 @@ def add_routes(app: FastAPI, service: Service, store: FileStore) -> None:
         source = values["source"]
         if source.lower() == "auto":
             source = (await libre_api.detect_source(service, document.sample()))["language"]
-        model = service.pair(source, values["target"])
-        splitter = await libre_api.splitter_of(model)
-        decode = libre_api.sentence_decoder(service, request, model)
+        model = libre_api.pair(service, source, values["target"])
         units = document.units
-        translations = await libre_text.translate(units, splitter, decode) if units else []
+        if model is None or not units:  # a language into itself: the file unchanged
+            translations = list(units)
+        else:
+            splitter = await libre_api.splitter_of(model)
+            decode = libre_api.sentence_decoder(service, request, model)
+            translations = await libre_text.translate(units, splitter, decode)
         output = await asyncio.to_thread(document.render, translations)
-        name = libre_files.translated_name(upload.filename, extension, model.spec.tgt_lang)
+        target = model.spec.tgt_lang if model is not None else values["target"].lower()
+        name = libre_files.translated_name(upload.filename, extension, target)
         stored = await asyncio.to_thread(store.put, name, output)
         return {"translatedFileUrl": str(request.url_for("download_file", filename=stored))}
 

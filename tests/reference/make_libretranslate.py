@@ -1,5 +1,6 @@
 """Makes tests/reference/libretranslate.json: LibreTranslate's own answers (its /translate in text
-and html, lists of q, alternatives, /translate_file, /detect) on the Argos package of the
+and html, lists of q, alternatives, source auto, /translate_file with .txt, .html, .srt and a
+.docx made here, /detect, /languages, /frontend/settings) on the Argos package of the
 OpenNMT-py sentencepiece fixture, with what lies under them: the sentences its splitter cuts
 each paragraph into, each sentence's own n-best translations, and, for html, each text its
 html translation asked the model for with that text's translation. test_libre_segments.py
@@ -23,6 +24,8 @@ models, ten tries each with doubling waits (many minutes offline); the second li
 repeats the en->de translation, which its lookups take from the first.
 """
 import argparse
+import base64
+import io
 import json
 import os
 import socket
@@ -32,6 +35,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
+import xml.etree.ElementTree as ElementTree
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -111,6 +116,70 @@ FILES = {
 DETECT = ["A man is riding a bike in the park.", "Ein Mann fährt Fahrrad im Park.",
           "Hello", "Hallo, wie geht es dir?"]
 
+# /detect and source auto with a list q: one detection over all texts
+DETECT_LISTS = [["Hello", "Ein Mann fährt Fahrrad im Park."],
+                ["A man is riding a bike.", "Two dogs play in the snow", "A woman sings."]]
+
+W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+DOCX_PARTS = {
+    "[Content_Types].xml":
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+        '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+        '<Default Extension="rels" '
+        'ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+        '<Default Extension="xml" ContentType="application/xml"/>'
+        '<Override PartName="/word/document.xml" ContentType="application/'
+        'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/>'
+        '<Override PartName="/word/header1.xml" ContentType="application/'
+        'vnd.openxmlformats-officedocument.wordprocessingml.header+xml"/></Types>',
+    "_rels/.rels":
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+        '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+        '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+        'relationships/officeDocument" Target="word/document.xml"/></Relationships>',
+    "word/_rels/document.xml.rels":
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+        '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+        '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
+        'relationships/header" Target="header1.xml"/></Relationships>',
+    "word/header1.xml":
+        f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:hdr xmlns:w="{W}">'
+        '<w:p><w:r><w:t>A day at the beach</w:t></w:r></w:p></w:hdr>',
+    "word/document.xml":
+        f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="{W}" '
+        'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+        '<w:body>'
+        '<w:p><w:r><w:t>A man rides a bike. A dog runs in the park.</w:t></w:r></w:p>'
+        '<w:p><w:r><w:t xml:space="preserve">A man rides a </w:t></w:r>'
+        '<w:r><w:rPr><w:b/></w:rPr><w:t>red</w:t></w:r>'
+        '<w:r><w:t xml:space="preserve"> bike.</w:t></w:r></w:p>'
+        '<w:p/>'
+        '<w:tbl><w:tr><w:tc><w:p><w:r><w:t>Two women are talking.</w:t></w:r></w:p></w:tc>'
+        '<w:tc><w:p><w:r><w:t>Children play football.</w:t></w:r></w:p></w:tc></w:tr></w:tbl>'
+        '<w:p><w:r><w:t>The sun is shining.</w:t></w:r></w:p>'
+        '<w:sectPr><w:headerReference w:type="default" r:id="rId1"/></w:sectPr>'
+        '</w:body></w:document>',
+}
+
+
+def docx_bytes() -> bytes:
+    """A small .docx made here (no Word library needed): a body with a paragraph of two
+    sentences, one of three runs (a bold word), an empty one, a table of two cells and a last
+    paragraph, and a header."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in DOCX_PARTS.items():
+            archive.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), text)
+    return out.getvalue()
+
+
+def docx_runs(data: bytes) -> dict:
+    """The text of every w:t of a .docx's body and header, in order, per part."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: [t.text or "" for t in ElementTree.fromstring(archive.read(name)).iter(
+                    f"{{{W}}}t")]
+                for name in ("word/document.xml", "word/header1.xml")}
+
 
 def argos_environment(packages: str, state: str) -> None:
     """The settings libretranslate-offline.sh gives LibreTranslate, set before argostranslate
@@ -159,7 +228,8 @@ def in_process(texts, html_texts):
     sentences = set()
     everything = list(texts) + [t for batch in BATCHES for t in batch] + ALTERNATIVES + \
         [c[0] for calls in html_calls for c in calls] + \
-        [line for text in FILES.values() for line in text.split("\n")]
+        [line for text in FILES.values() for line in text.split("\n")] + \
+        [run for runs in docx_runs(docx_bytes()).values() for run in runs]
     for text in everything:
         splits[text] = [sentencizer.split_sentences(p) for p in text.split("\n")]
         sentences.update(s for para in splits[text] for s in para)
@@ -179,14 +249,21 @@ def post(port: int, path: str, body: dict):
         return {"status": err.code, "body": json.loads(err.read())}
 
 
-def post_file(port: int, name: str, content: str) -> dict:
-    """/translate_file with ``content`` as the file ``name``, then its download."""
+def get(port: int, path: str):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as response:
+        return json.loads(response.read())
+
+
+def post_file(port: int, name: str, content) -> dict:
+    """/translate_file with ``content`` (text, or bytes for a .docx) as the file ``name``, then
+    its download."""
+    data = content if isinstance(content, bytes) else content.encode()
     boundary = uuid.uuid4().hex
     parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
              for k, v in (("source", "en"), ("target", "de"))]
     parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
                  f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n')
-    body = "".join(parts).encode() + content.encode() + f"\r\n--{boundary}--\r\n".encode()
+    body = "".join(parts).encode() + data + f"\r\n--{boundary}--\r\n".encode()
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/translate_file", data=body,
         headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
@@ -195,9 +272,13 @@ def post_file(port: int, name: str, content: str) -> dict:
     url = answer["translatedFileUrl"]
     with urllib.request.urlopen(url, timeout=60) as response:
         disposition = response.headers.get("Content-Disposition")
-        translated = response.read().decode("utf-8")
+        translated = response.read()
+    if isinstance(content, bytes):
+        return {"name": name, "content_base64": base64.b64encode(content).decode("ascii"),
+                "url": url.split("/download_file/")[0], "disposition": disposition,
+                "runs": docx_runs(content), "translated_runs": docx_runs(translated)}
     return {"name": name, "content": content, "url": url.split("/download_file/")[0],
-            "disposition": disposition, "translated": translated}
+            "disposition": disposition, "translated": translated.decode("utf-8")}
 
 
 def linked_twice(packages: str, work: str) -> str:
@@ -247,6 +328,13 @@ def over_http(port: int) -> dict:
                  for q in TEXTS[:2]],
         "files": [post_file(port, name, content) for name, content in FILES.items()],
         "detect": [{"q": q, "answer": post(port, "/detect", {"q": q})} for q in DETECT],
+        "docx": [post_file(port, "letter.docx", docx_bytes())],
+        "detect_lists": [{"q": q, "answer": post(port, "/detect", {"q": q})}
+                         for q in DETECT_LISTS],
+        "auto_lists": [{"q": q, "answer": post(port, "/translate", {
+            "q": q, "source": "auto", "target": "de"})} for q in DETECT_LISTS],
+        "languages": get(port, "/languages"),
+        "settings": get(port, "/frontend/settings"),
     }
 
 
