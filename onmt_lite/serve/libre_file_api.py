@@ -111,6 +111,11 @@ async def read_upload(request: Request, max_bytes: int) -> Tuple[dict, Optional[
         values = dict(pairs(request.scope.get("query_string", b"")))
     except NotText as err:
         raise ApiError(400, f"{err.field} (query string): not valid UTF-8") from None
+    if content_type == "application/x-www-form-urlencoded":  # fields, no file
+        try:
+            values.update(pairs(await request.body()))
+        except NotText as err:
+            raise ApiError(400, f"{err.field}: not valid UTF-8") from None
     if content_type != "multipart/form-data":
         return values, None
     length = request.headers.get("content-length", "")

@@ -182,7 +182,8 @@ def secure_filename(name: str) -> str:
 
 def translated_name(upload_name: str, extension: str, target: str) -> str:
     """The download name of an upload's translation: ``story.txt`` into German is
-    ``story_de.txt`` (argos-translate-files' output name)."""
-    stem = secure_filename(upload_name)[:100]
-    stem = stem[:-len(extension)] if stem.lower().endswith(extension) else stem
+    ``story_de.txt`` (argos-translate-files' output name); a name with nothing left once
+    sanitised is ``file``."""
+    stem = upload_name[:-len(extension)] if upload_name.endswith(extension) else upload_name
+    stem = secure_filename(stem)[:100]
     return f"{stem or 'file'}_{secure_filename(target) or 'target'}{extension}"
