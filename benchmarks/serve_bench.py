@@ -23,6 +23,9 @@ the rounds' ratios are reported. Beside them, the setting's ceiling on this mach
 headline()): translate.py's rate with batches of 16 over its default rate, times the share of
 the CPU time the HTTP side leaves the lanes.
 
+``-libretranslate VENV -argos_packages DIR -rounds N`` measures onmt_lite's server against
+LibreTranslate on the same Argos package (libre_bench.py).
+
 ``-compare DIR -rounds N`` measures only the closed-loop settings, against a server started from
 another checkout of onmt_lite (an older commit: ``git worktree add DIR REV``), the two started
 in turn for each of N rounds, the first of each round alternating; reported per setting: each
@@ -354,9 +357,19 @@ def main(argv=None) -> None:
                    "server and translate.py (\"-compile\")")
     p.add_argument("-serve_options", default="", help="more onmt_lite serve options")
     p.add_argument("-compare", help="another checkout of onmt_lite to measure against")
-    p.add_argument("-rounds", type=int, default=3, help="with -compare")
+    p.add_argument("-rounds", type=int, default=3, help="with -compare or -libretranslate")
     p.add_argument("-headline", type=int, default=0,
                    help="rounds of the targets' setting only (needs -peers)")
+    p.add_argument("-libretranslate", metavar="VENV", help="LibreTranslate's virtualenv "
+                   "(../shared/peers/setup-libretranslate.sh): measure onmt_lite's server "
+                   "against it on the same Argos package, -rounds rounds (libre_bench.py)")
+    p.add_argument("-argos_packages", default=os.path.expanduser("~/argos-pkgs/int8"),
+                   help="with -libretranslate: the folder of Argos packages both serve")
+    p.add_argument("-ref", default=os.path.join(SHARED, "data", "multi30k",
+                                                "test_2016_flickr.de"),
+                   help="with -libretranslate: the reference of the raw -src, for BLEU")
+    p.add_argument("-latency_requests", type=int, default=100,
+                   help="with -libretranslate: one client's one-sentence requests")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     with open(args.src, encoding="utf-8") as f:
@@ -364,6 +377,18 @@ def main(argv=None) -> None:
     results = {"cpu": cpu(), "model": os.path.basename(args.model), "beam_size": args.beam_size,
                "decoding": args.decoding, "rows": []}
     settings = [(c, n) for n in args.per_request for c in args.clients]
+    if args.libretranslate:  # raw text: the packages read it through their sentencepiece
+        from libre_bench import libretranslate_rounds
+        if args.src.endswith(".lc.tok.en"):
+            args.src = args.src[:-len(".lc.tok.en")] + ".en"
+            with open(args.src, encoding="utf-8") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        with tempfile.TemporaryDirectory() as work:
+            results["libretranslate"] = libretranslate_rounds(args, lines, work)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     if args.compare:
         results["compare"] = {"other": args.compare, "rows": compare(args, lines, settings)}
         if args.json:

@@ -1,0 +1,157 @@
+"""onmt_lite's server against LibreTranslate on the same Argos Translate package (serve_bench.py
+-libretranslate VENV [-argos_packages DIR] [-rounds N]).
+
+LibreTranslate 1.9.6 (a side virtualenv: ../shared/peers/setup-libretranslate.sh) runs offline
+(../shared/peers/libretranslate-offline.sh) at its fastest setting on 2 cores,
+ARGOS_INTER_THREADS=2 ARGOS_INTRA_THREADS=1; onmt_lite runs ``onmt_lite serve -argos_packages
+DIR`` with no other flag. One server at a time, the first of each round alternating. Each round
+measures, after a warm-up: 32 clients of one sentence and 4 clients of ten (sentences/s, closed
+loops), one client's latency (the median of ``-latency_requests`` one-sentence requests), the
+peak resident memory of the server's process tree (sampled every 50 ms), and the BLEU of its
+answers on the test set (4 clients of ten sentences over the whole set, sacrebleu against
+``-ref``). Reported: each measure's median over the rounds and the median of the rounds'
+ratios (onmt_lite / LibreTranslate).
+"""
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import sacrebleu
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED = os.path.join(ROOT, "..", "shared")
+
+
+def linked_twice(packages: str, work: str) -> str:
+    """A folder holding each package of ``packages`` twice (links): with fewer than two
+    packages installed, LibreTranslate's start-up downloads its package index and MiniSBD's
+    models, retrying for minutes offline; the second link only repeats a language pair."""
+    folder = os.path.join(work, "packages")
+    os.makedirs(folder)
+    for name in sorted(os.listdir(packages)):
+        path = os.path.join(packages, name)
+        if os.path.isdir(path):
+            os.symlink(path, os.path.join(folder, name))
+            os.symlink(path, os.path.join(folder, name + "-again"))
+    return folder
+
+
+def start_libretranslate(venv: str, packages: str, port: int, work: str):
+    from serve_bench import wait_ready
+    env = dict(os.environ, ARGOS_INTER_THREADS="2", ARGOS_INTRA_THREADS="1")
+    process = subprocess.Popen(
+        ["bash", os.path.join(SHARED, "peers", "libretranslate-offline.sh"), venv,
+         linked_twice(packages, tempfile.mkdtemp(dir=work)), str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_ready(process, port, "/languages", timeout=300)
+    return process
+
+
+def start_onmt_lite(packages: str, port: int):
+    from serve_bench import wait_ready
+    process = subprocess.Popen(
+        [sys.executable, "-m", "onmt_lite", "serve", "-argos_packages", packages, "-port",
+         str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    wait_ready(process, port, "/ready")
+    return process
+
+
+class PeakMemory:
+    """The largest resident memory of a process tree, sampled every 50 ms in a thread."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.running = pid, 0.0, True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        from serve_bench import rss_mib
+        while self.running:
+            try:
+                self.peak = max(self.peak, rss_mib(self.pid))
+            except (OSError, AttributeError):
+                pass
+            time.sleep(0.05)
+
+    def stop(self) -> float:
+        self.running = False
+        self.thread.join()
+        return self.peak
+
+
+async def answers(port: int, lines, clients: int = 4, per_request: int = 10):
+    """Every line's translation, ``clients`` closed loops of ``per_request`` lines."""
+    from serve_bench import Connection
+    chunks = list(enumerate(lines[i:i + per_request] for i in range(0, len(lines), per_request)))
+    found = [None] * len(chunks)
+
+    async def client():
+        connection = Connection(port)
+        try:
+            while chunks:
+                number, chunk = chunks.pop()
+                status, body = await connection.post("/translate", {
+                    "q": chunk, "source": "en", "target": "de"})
+                if status != 200:
+                    raise RuntimeError(f"status {status}: {body}")
+                found[number] = body["translatedText"]
+        finally:
+            connection.close()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return [line for chunk in found for line in chunk]
+
+
+def one_server(start, args, lines, references) -> dict:
+    from serve_bench import closed_loop, free_port
+    port = free_port()
+    process = start(port)
+    memory = PeakMemory(process.pid)
+    try:
+        asyncio.run(closed_loop(port, "libre", 32, 1, lines, 128))  # warm-up
+        rate_32, _ = asyncio.run(closed_loop(port, "libre", 32, 1, lines, args.sentences))
+        rate_4x10, _ = asyncio.run(closed_loop(port, "libre", 4, 10, lines, args.sentences))
+        _, latencies = asyncio.run(closed_loop(port, "libre", 1, 1, lines,
+                                               args.latency_requests))
+        bleu = sacrebleu.corpus_bleu(asyncio.run(answers(port, lines)), [references]).score
+    finally:
+        peak = memory.stop()
+        os.killpg(process.pid, 15)
+        process.wait()
+    return {"32x1_sent_s": rate_32, "4x10_sent_s": rate_4x10,
+            "1x1_median_ms": 1000 * statistics.median(latencies), "peak_rss_mib": peak,
+            "bleu": bleu}
+
+
+def libretranslate_rounds(args, lines, work: str) -> dict:
+    """-libretranslate: both servers round by round (see the module's text)."""
+    with open(args.ref, encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f][:len(lines)]
+    starts = {"LibreTranslate": lambda port: start_libretranslate(
+                  args.libretranslate, args.argos_packages, port, work),
+              "onmt_lite": lambda port: start_onmt_lite(args.argos_packages, port)}
+    rounds = []
+    for r in range(args.rounds):
+        names = list(starts) if r % 2 == 0 else list(starts)[::-1]
+        measured = {name: one_server(starts[name], args, lines, references) for name in names}
+        rounds.append(measured)
+        print(f"round {r + 1}: " + "; ".join(
+            f"{name} " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())
+            for name, m in measured.items()), file=sys.stderr)
+    keys = list(rounds[0]["onmt_lite"])
+    result = {"rounds": rounds, "packages": os.path.abspath(args.argos_packages),
+              "median": {name: {k: statistics.median(r[name][k] for r in rounds) for k in keys}
+                         for name in starts},
+              "median_ratio": {k: statistics.median(r["onmt_lite"][k] / r["LibreTranslate"][k]
+                                                    for r in rounds) for k in keys}}
+    print(f"{'measure':<16}{'onmt_lite':>12}{'LibreTranslate':>16}{'ratio':>8}")
+    for k in keys:
+        print(f"{k:<16}{result['median']['onmt_lite'][k]:>12.1f}"
+              f"{result['median']['LibreTranslate'][k]:>16.1f}{result['median_ratio'][k]:>8.2f}")
+    return result
