@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     add(g, "port", type=integer(0, 65535), default=5000)
     add(g, "lanes", type=integer(0), default=0,
-        help="batches decoded at the same time per model, each on one torch thread (0: one "
-             "per core)")
+        help="lane processes of the server, shared by all its models: batches decoded at the "
+             "same time, each lane on one torch thread (0: one per core)")
     add(g, "batch_size", type=integer(1), default=32, help="sentences per batch at most")
     add(g, "batch_wait", type=number(0), default=0.01,
         help="seconds sentences wait for a fuller batch under load (with every lane free and "
@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "lane_memory", type=integer(1), default=2048,
         help="MiB of search memory one request may need in a lane; a request, clone or model "
              "that needs more is refused naming this limit")
+    add(g, "max_memory", type=integer(0), default=None,
+        help="MiB the models loaded may hold (each: its weights once, shared by the lanes, and "
+             "a quarter of them in each lane); the least recently used are unloaded to make "
+             "room, and load again at their next request (default: half the machine's memory; "
+             "0: no bound)")
     return parser
 
 
@@ -160,7 +165,7 @@ def main(argv=None) -> int:
 
         from onmt_lite.serve.app import create_app
         from onmt_lite.serve.batcher import Scheduling
-        from onmt_lite.serve.limits import Limits, SearchLimits
+        from onmt_lite.serve.limits import Limits, SearchLimits, default_max_memory
         from onmt_lite.serve.models import Registry, default_lanes
     except ImportError as err:
         print(f"onmt_lite serve: error: {err.name} is missing: pip install 'onmt_lite[serve]'",
@@ -170,8 +175,10 @@ def main(argv=None) -> int:
         specs = _specs(args, rest)
         keys, admin_keys = _keys(args.api_keys), _keys(args.admin_keys)
         lanes = args.lanes or default_lanes()
+        max_memory = default_max_memory() if args.max_memory is None else args.max_memory
         search_limits = SearchLimits(args.max_beam_size, args.max_target_length,
-                                     args.max_batch_size, args.lane_memory, args.max_models)
+                                     args.max_batch_size, args.lane_memory, args.max_models,
+                                     max_memory)
         search_limits.check_batch_size(args.batch_size, "the command line")
         registry = Registry(specs, Scheduling(lanes, args.batch_size, args.max_queue,
                                               args.batch_wait, args.max_batches,

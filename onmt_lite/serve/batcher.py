@@ -16,11 +16,17 @@ A sentence decodes as ``translate.py`` decodes it in a batch of the same sentenc
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
 ``-max_length_ratio`` (the batch's longest source x ratio + 5).
 
-A lane that dies (killed, out of memory, crashed) is replaced after a back-off, and the sentences
-it held are decoded again: each then alone, on a lane that decodes nothing else, so that a
-sentence that ends a lane of its own doing is found; one that has ended two lanes fails with an
-error that says so, and the others go on. A request whose client has gone is dropped: its
-sentences that wait leave the queue, those that decode are dropped by their lane (lanes.py).
+The lanes are the server's, shared by all its models (pool.py): each model keeps its own queue
+and these rules, and sees a lane through its ModelLane (the batches of its own the lane decodes).
+A lane busy with other models' searches is free to this one (the models' searches step in turn
+there), but a lane idle for all takes a sentence first.
+
+A lane that dies (killed, out of memory, crashed) is replaced after a back-off (pool.py), and the
+sentences it held are decoded again: each then alone, on a lane that decodes nothing else (of
+any model), so that a sentence that ends a lane of its own doing is found; one that has ended
+two lanes fails with an error that says so, and the others go on. A request whose client has
+gone is dropped: its sentences that wait leave the queue, those that decode are dropped by their
+lane (lanes.py).
 """
 import collections
 import dataclasses
@@ -32,16 +38,19 @@ import time
 from concurrent.futures import CancelledError, Future
 from typing import Callable, Deque, List, Optional
 
-from onmt_lite.serve.lanes import Lane, LaneError, short_beside
+from onmt_lite.serve.lanes import LaneError, ModelSource
+from onmt_lite.serve.pool import LanePool, ModelLane
+from onmt_lite.serve.turns import short_beside
 
 logger = logging.getLogger("onmt_lite")
 
-# Lanes that end within RESTART_WINDOW seconds of each other double the wait before the next
-# restart, from RESTART_DELAY up to MAX_RESTART_DELAY seconds: a lane that dies at once (a broken
-# machine) is not restarted in a loop.
-RESTART_DELAY, MAX_RESTART_DELAY, RESTART_WINDOW = 0.25, 30.0, 60.0
 # Lanes a sentence may end before it fails (the last time decoded alone).
 MAX_LANE_DEATHS = 2
+# Seconds a lane's feeder waits before it looks again where only other models' batches (on its
+# lane or another) hold it back: their ends wake only their own model's feeders.
+LOOK_AGAIN = 0.02
+# Seconds a stopping model waits for its batches on the lanes to end (then they are dropped).
+STOP_WAIT = 60.0
 
 
 class QueueFull(Exception):
@@ -99,18 +108,22 @@ class Scheduling:
 
 
 class Batcher:
-    """A queue of sentences and the lanes that decode them for one model.
+    """A queue of sentences for one model and the lanes that decode them.
 
     Args:
-        options: build_translator's options; each lane process builds its translator from them.
+        options: build_translator's options; a lane builds the model's translator from them,
+            unless ``weights`` names a file of it (written by the server) to map.
         on_batch: called with each batch's size and the seconds its sentences waited.
         on_restart: called when a lane that died has been replaced.
+        pool: the server's lanes, shared with its other models; without one, the batcher
+            starts ``scheduling.lanes`` lanes of its own (and stops them with itself).
     Raises LaneError when a lane does not start.
     """
 
     def __init__(self, options: dict, scheduling: Scheduling = Scheduling(),
                  on_batch: Optional[Callable[[int, List[float]], None]] = None,
-                 on_restart: Optional[Callable[[], None]] = None):
+                 on_restart: Optional[Callable[[], None]] = None,
+                 pool: Optional[LanePool] = None, weights: Optional[str] = None):
         self.options, self.head_start = options, scheduling.head_start
         self.batch_size, self.max_queue = scheduling.batch_size, scheduling.max_queue
         self.batch_wait, self.max_batches = scheduling.batch_wait, scheduling.max_batches
@@ -118,31 +131,37 @@ class Batcher:
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()
         self.stopping = False
-        self.stopped = threading.Event()  # wakes restarts waiting out their back-off
         self.running = 0  # sentences being decoded
         # (time, sentences) of recent answers: their clients' next requests are on their way
         self.answered: Deque[tuple] = collections.deque(maxlen=64)
         self.rate = 0.0  # sentences per second, a moving average (for Retry-After)
         self.ids = itertools.count()
-        self.deaths: Deque[float] = collections.deque(maxlen=16)  # when lanes died
-        self.restarting: List[threading.Thread] = []
-        self.threads: List[tuple] = []  # (feeder, collector) of each lane
-        self.lanes: List[Lane] = []
+        self.feeders: List[threading.Thread] = []
+        self.lanes: List[ModelLane] = []
+        self.own_pool = pool is None
+        self.pool = LanePool(scheduling.lanes) if pool is None else pool
         try:
-            for _ in range(scheduling.lanes):
-                self._add(Lane(options, self.head_start))
+            self.key, views = self.pool.attach(
+                self, ModelSource(options, weights, scheduling.head_start))
         except LaneError:
-            self.stop(drain=False)
+            if self.own_pool:
+                self.pool.stop()
             raise
+        for view in views:
+            self._add(view)
 
-    def _add(self, lane: Lane) -> None:
-        """Serves ``lane``: a thread feeds it batches, another collects its results."""
-        self.lanes.append(lane)
-        threads = tuple(threading.Thread(target=target, args=(lane,), daemon=True)
-                        for target in (self._feed, self._collect))
-        for thread in threads:
-            thread.start()
-        self.threads.append(threads)
+    def _add(self, lane: ModelLane, restarted: bool = False) -> None:
+        """Serves ``lane``: a thread feeds it batches (the pool's collects its results)."""
+        with self.changed:
+            if self.stopping:
+                return
+            self.lanes.append(lane)
+            feeder = threading.Thread(target=self._feed, args=(lane,), daemon=True)
+            self.feeders.append(feeder)
+            feeder.start()
+            self.changed.notify_all()
+        if restarted and self.on_restart is not None:
+            self.on_restart()
 
     # -- the request side -----------------------------------------------------------------
     def submit(self, sentences: List[List[str]], settings: Settings) -> List[Future]:
@@ -150,7 +169,7 @@ class Batcher:
         QueueFull, or Stopped once the batcher stops."""
         futures = [Future() for _ in sentences]
         with self.changed:
-            if self.stopping or not (self.lanes or self.restarting):
+            if self.stopping or not (self.lanes or self.pool.alive()):
                 raise Stopped("the model is stopping")
             if len(self.pending) + len(sentences) > self.max_queue:
                 raise QueueFull(self.retry_after())
@@ -194,22 +213,38 @@ class Batcher:
         return len(self.pending)
 
     def stop(self, drain: bool = True) -> None:
-        """Stops taking sentences; the lanes finish the queued ones (``drain``) or fail them
-        with Stopped, then end."""
+        """Stops taking sentences; the lanes finish the queued ones (``drain``) or they fail
+        with Stopped; once the batches on the lanes have ended, the lanes free the model (and
+        end, when they are the batcher's own)."""
         with self.changed:
             self.stopping = True
             if not drain:
                 self._fail_pending(Stopped("the model stopped"))
             self.changed.notify_all()
-        self.stopped.set()
-        for thread in list(self.restarting):
-            thread.join()
-        for feeder, _ in self.threads:  # the queue is empty
+        for feeder in list(self.feeders):  # the queue is empty
             feeder.join()
-        for lane in list(self.lanes):
-            lane.stop()
-        for _, collector in self.threads:
-            collector.join()
+        deadline = time.monotonic() + STOP_WAIT
+        with self.changed:
+            while any(lane.active for lane in self.lanes) and time.monotonic() < deadline:
+                self.changed.wait(0.1)
+        self.pool.detach(self.key)
+        with self.changed:
+            self._fail_pending(Stopped("the model stopped"))
+            left = [job for lane in self.lanes for batch, _ in lane.active.values()
+                    for job in batch if _claim(job)]
+            for lane in self.lanes:
+                lane.active.clear()
+            self.running -= len(left)
+        for job in left:
+            _settle(job.future, error=Stopped("the model stopped"))
+        if self.own_pool:
+            self.pool.stop()
+
+    def _no_lanes(self) -> None:
+        """Every lane has ended and none is on its way: the sentences waiting fail."""
+        with self.changed:
+            self._fail_pending(Stopped("no lane is left"))
+            self.changed.notify_all()
 
     def _fail_pending(self, error: Exception) -> None:
         while self.pending:
@@ -218,7 +253,7 @@ class Batcher:
             _settle(job.future, error=error)
 
     # -- each lane: a thread that feeds it, a thread that collects its results ----------------
-    def _admissible(self, lane: Lane, now: float) -> Optional[float]:
+    def _admissible(self, lane: ModelLane, now: float) -> Optional[float]:
         """0 when ``lane`` may take sentences now; else seconds to wait at most (None: until
         something changes). A sentence that was on a lane that died decodes alone, on a lane
         that decodes nothing else."""
@@ -244,7 +279,7 @@ class Batcher:
             return 0
         return self.batch_wait - waited
 
-    def _short_beside(self, lane: Lane) -> bool:
+    def _short_beside(self, lane: ModelLane) -> bool:
         """Whether the oldest waiting sentence is at most half as long as every sentence that
         ``lane`` decodes: it steps alone there (lanes.Turns), so it waits for no fuller
         batch."""
@@ -252,7 +287,7 @@ class Batcher:
             len(job.tokens) for batch, _ in lane.active.values() for job in batch
             if not job.future.done()])
 
-    def _take(self, lane: Lane) -> tuple:
+    def _take(self, lane: ModelLane) -> tuple:
         """The next batch for ``lane`` (see _admissible) and its id, now among the lane's
         active ones; (None, []) once stopped and drained, or once the lane has ended."""
         with self.changed:
@@ -260,6 +295,8 @@ class Batcher:
                 if lane not in self.lanes:
                     return None, []
                 wait = self._admissible(lane, time.monotonic())
+                if wait == 0 and self.pending:
+                    wait = self._shared_wait(lane)
                 if wait == 0:
                     if not self.pending:
                         return None, []  # stopping, nothing left
@@ -270,6 +307,20 @@ class Batcher:
                         return batch_id, batch
                     continue
                 self.changed.wait(wait)
+
+    def _shared_wait(self, lane: ModelLane) -> float:
+        """0 when the other models on the lanes leave ``lane`` to this one's sentences now;
+        else LOOK_AGAIN. A lane that decodes another model's sentence from a dead lane takes
+        nothing; a sentence from a dead lane waits for a lane that decodes nothing at all; a
+        lane free to this model but busy with others leaves a batch to a lane idle for all."""
+        if lane.alone_elsewhere():
+            return LOOK_AGAIN
+        if self.pending[0].deaths:
+            return LOOK_AGAIN if lane.busy_elsewhere() else 0
+        if not lane.active and lane.busy_elsewhere() and any(
+                other is not lane and other.idle() for other in self.lanes):
+            return LOOK_AGAIN
+        return 0
 
     def _batch(self) -> List[Job]:
         """The oldest waiting sentence and others of its settings and a similar length (at
@@ -292,7 +343,7 @@ class Batcher:
         self.running += len(batch)
         return batch
 
-    def _feed(self, lane: Lane) -> None:
+    def _feed(self, lane: ModelLane) -> None:
         while True:
             batch_id, batch = self._take(lane)
             if not batch:
@@ -306,49 +357,46 @@ class Batcher:
             if self.on_batch is not None:
                 self.on_batch(len(batch), [time.monotonic() - job.queued for job in batch])
 
-    def _collect(self, lane: Lane) -> None:
-        while True:
-            try:
-                message = lane.receive()
-            except LaneError:
-                self._lane_ended(lane)
-                return
-            if message[0] == "sentence":  # answered as soon as it ends
-                _, batch_id, index, result = message
-                job = lane.active[batch_id][0][index]
-                with self.changed:
-                    answer = _claim(job)
-                    if answer:
-                        self.running -= 1
-                        self.answered.append((time.monotonic(), 1))
-                        self.changed.notify_all()
-                if answer:
-                    _settle(job.future, result)
-                continue
-            kind, batch_id, payload = message
+    def _received(self, lane: ModelLane, message: tuple) -> None:
+        """A lane's message about a batch of this model (pool.py reads them)."""
+        if message[0] == "sentence":  # answered as soon as it ends
+            _, batch_id, index, result = message
             with self.changed:
-                batch, started = lane.active.pop(batch_id)
-                left = [job for job in batch if _claim(job)]
-                self.running -= len(left)
-                rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
-                self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
-                if left:
-                    self.answered.append((time.monotonic(), len(left)))
-                self.changed.notify_all()
-            if kind != "done" and left:
-                logger.error("a batch of %d sentences failed: %s", len(batch), payload)
-            for i, job in enumerate(batch):
-                if job not in left:
-                    continue
-                if kind == "done":
-                    _settle(job.future, payload[i])
-                else:
-                    _settle(job.future, error=SentenceFailed(payload))
+                entry = lane.active.get(batch_id)
+                job = entry[0][index] if entry is not None else None
+                answer = job is not None and _claim(job)
+                if answer:
+                    self.running -= 1
+                    self.answered.append((time.monotonic(), 1))
+                    self.changed.notify_all()
+            if answer:
+                _settle(job.future, result)
+            return
+        kind, batch_id, payload = message
+        with self.changed:
+            if batch_id not in lane.active:
+                return  # the model stopped meanwhile
+            batch, started = lane.active.pop(batch_id)
+            left = [job for job in batch if _claim(job)]
+            self.running -= len(left)
+            rate = len(batch) * len(self.lanes) / max(time.monotonic() - started, 1e-6)
+            self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
+            if left:
+                self.answered.append((time.monotonic(), len(left)))
+            self.changed.notify_all()
+        if kind != "done" and left:
+            logger.error("a batch of %d sentences failed: %s", len(batch), payload)
+        for i, job in enumerate(batch):
+            if job not in left:
+                continue
+            if kind == "done":
+                _settle(job.future, payload[i])
+            else:
+                _settle(job.future, error=SentenceFailed(payload))
 
-    def _lane_ended(self, lane: Lane) -> None:
-        """A lane that ends unasked is replaced (after a back-off) and the sentences it held
-        decode again, each alone; those that have ended MAX_LANE_DEATHS lanes fail."""
-        how = lane.ended()
+    def _lane_ended(self, lane: ModelLane, how: str) -> None:
+        """A lane ended unasked (the pool replaces it): the sentences it held decode again,
+        each alone; those that have ended MAX_LANE_DEATHS lanes fail."""
         with self.changed:
             if lane in self.lanes:
                 self.lanes.remove(lane)
@@ -363,7 +411,6 @@ class Batcher:
                 failed = [job for job in held if job.deaths >= MAX_LANE_DEATHS]
                 retried = [job for job in held if job.deaths < MAX_LANE_DEATHS]
                 self.pending.extendleft(reversed(retried))
-                self._restart_later()
             for job in failed:
                 job.over = True
             self.changed.notify_all()
@@ -371,52 +418,14 @@ class Batcher:
             for job in failed:
                 _settle(job.future, error=Stopped(f"the lane process ended ({how})"))
             return
-        logger.error("a lane process ended (%s) while decoding %d sentences: %d decode again, "
-                     "each alone; %d failed", how, len(held), len(retried), len(failed))
+        if held:
+            logger.error("a lane process ended (%s) while decoding %d sentences: %d decode "
+                         "again, each alone; %d failed", how, len(held), len(retried),
+                         len(failed))
         for job in failed:
             _settle(job.future, error=SentenceFailed(
                 f"the sentence ended {job.deaths} lane processes, the last time decoded alone "
                 f"({how}): not retried"))
-
-    def _restart_later(self) -> None:
-        """Starts a thread that replaces an ended lane after the back-off (called locked)."""
-        now = time.monotonic()
-        self.deaths.append(now)
-        recent = sum(1 for t in self.deaths if now - t < RESTART_WINDOW)
-        delay = min(MAX_RESTART_DELAY, RESTART_DELAY * 2 ** (recent - 1))
-        thread = threading.Thread(target=self._restart, args=(delay,), daemon=True)
-        self.restarting.append(thread)
-        thread.start()
-
-    def _restart(self, delay: float) -> None:
-        try:
-            if self.stopped.wait(delay):
-                return
-            try:
-                lane = Lane(self.options, self.head_start)
-            except LaneError as err:
-                logger.error("a lane did not restart: %s", err)
-                with self.changed:
-                    if not self.stopping:
-                        self._restart_later()
-                return
-            with self.changed:
-                if not self.stopping:
-                    self._add(lane)
-                    self.changed.notify_all()
-                    lane = None
-            if lane is not None:
-                lane.stop()  # the model stopped meanwhile
-                return
-            logger.info("a lane restarted (%d lanes)", len(self.lanes))
-            if self.on_restart is not None:
-                self.on_restart()
-        finally:
-            with self.changed:
-                self.restarting.remove(threading.current_thread())
-                if not self.lanes and not self.restarting:
-                    self._fail_pending(Stopped("no lane is left"))
-                self.changed.notify_all()
 
 
 def _claim(job: Job) -> bool:
@@ -427,7 +436,7 @@ def _claim(job: Job) -> bool:
     return True
 
 
-def _decodes_alone(lane: Lane) -> bool:
+def _decodes_alone(lane: ModelLane) -> bool:
     """Whether ``lane`` decodes a sentence that was on a lane that died (it takes no other)."""
     return any(job.deaths for batch, _ in lane.active.values() for job in batch)
 

@@ -1,12 +1,17 @@
 """Lanes: the processes that decode the server's batches, outside its interpreter lock.
 
-Each lane is a process of one torch thread with its own copy of the model (started by spawn, not
-fork: the server has threads by then). It receives batches through a pipe and decodes them as
-one search (search/loop.py, a step generator that sentences join between steps): a batch that
-arrives while others decode joins them at the next step, its rows beside theirs, each sentence
-at its own step, and each sentence leaves as it ends. Where a search cannot take sentences
-(its rule or processors read the batch or the step), each batch is a search of its own and the
-lane runs their decoder steps together (models/shared_step.py).
+Each lane is a process of one torch thread (started by spawn, not fork: the server has threads
+by then), shared by every model of the server: it loads a model at its first batch of it
+(ModelSource: the translator the server wrote once to a file, mapped read-only, so that every
+lane maps the same pages; or, where the translator cannot be written, one built from the
+model's options) and frees it when the server unloads the model. It receives batches through a
+pipe and decodes each model's as one search (search/loop.py, a step generator that sentences
+join between steps): a batch that arrives while others of its model decode joins them at the
+next step, its rows beside theirs, each sentence at its own step, and each sentence leaves as
+it ends. Where a search cannot take sentences (its rule or processors read the batch or the
+step), each batch is a search of its own and the lane runs their decoder steps together
+(models/shared_step.py). The searches of different models take steps in turn, one model's step
+at a time.
 
 Joined steps cost more than a short sentence's own (2.4-3.2x for one sentence beside ten long
 ones, the Transformer fixture), so short sentences beside long ones take some steps alone
@@ -17,13 +22,15 @@ decoding thread.
 """
 import collections
 import copy
+import ctypes
 import dataclasses
+import gc
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -31,31 +38,45 @@ from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import inference, replica
 from onmt_lite.models.shared_step import Searches
 from onmt_lite.parent_watch import end_with_parent
+from onmt_lite.serve.turns import (  # noqa: F401 - FEW_AHEAD, _Chunk: the tests read them here
+    FEW_AHEAD,
+    Turns,
+    _Batch,
+    _Chunk,
+    _Search,
+    short_beside,
+)
 
 # Source tokens that start decoding in a lane at one step: encoding them pauses its other
 # sentences (128 tokens, four long sentences: ~10 ms on one thread, the Transformer fixture).
 JOIN_TOKENS = 128
-# Sentences stepping alone (Turns) that may take two thirds of a lane's time instead of half:
-# a few short requests' own (mixed load: short p99 91-113 ms against 115-137); two thirds for
-# batches of many short sentences too cost 32 clients of ten sentences 12% of their throughput
-FEW_AHEAD = 4
 
 
 class LaneError(RuntimeError):
     """A lane that failed to start, or died."""
 
 
-class Lane:
-    """The server's handle on one lane process: ``send`` batches, ``receive`` their results."""
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """How a lane loads a model: ``weights``, a file of its translator (torch.save) to map
+    read-only, or else build_translator(``options``); ``head_start``: its Turns."""
+    options: dict
+    weights: Optional[str] = None
+    head_start: float = 0.5
 
-    def __init__(self, options: dict, head_start: float):
+
+class Lane:
+    """The server's handle on one lane process: ``send`` batches of any model, ``receive``
+    their results (each message names its model's key)."""
+
+    def __init__(self):
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=lane_main, args=(options, child, head_start, os.getpid()),
+        self.process = context.Process(target=lane_main, args=(child, os.getpid()),
                                        daemon=True, name="onmt_lite-lane")
         self.process.start()
         child.close()
-        self.active = {}  # batch id -> its jobs (the batches this lane decodes)
+        self.told = set()  # the keys of the models whose source the lane has
         self.sending = threading.Lock()  # batches and drops come from different threads
         try:
             message = self.conn.recv()
@@ -65,18 +86,33 @@ class Lane:
             self.process.join(5)
             raise LaneError(message[1])
 
-    def send(self, batch_id: int, tokens: List[List[str]], n_best: int, attention: bool):
+    def send(self, key, source: ModelSource, batch_id: int, tokens: List[List[str]],
+             n_best: int, attention: bool):
         with self.sending:
-            self.conn.send(("batch", batch_id, tokens, n_best, attention))
+            if key not in self.told:
+                self.conn.send(("model", key, source))
+                self.told.add(key)
+            self.conn.send(("batch", key, batch_id, tokens, n_best, attention))
 
-    def drop(self, batch_id: int, indices: List[int]) -> None:
+    def drop(self, key, batch_id: int, indices: List[int]) -> None:
         """Asks the lane to drop sentences of a batch (their client has gone): it sends no
         result for them, and stops a search once every sentence it decodes is dropped."""
+        self._tell(("drop", key, batch_id, indices))
+
+    def unload(self, key) -> None:
+        """Asks the lane to free a model (none of its batches is left)."""
+        with self.sending:
+            if key not in self.told:
+                return
+            self.told.discard(key)
+        self._tell(("unload", key))
+
+    def _tell(self, message: tuple) -> None:
         try:
             with self.sending:
-                self.conn.send(("drop", batch_id, indices))
+                self.conn.send(message)
         except (BrokenPipeError, OSError):
-            pass  # it has ended: the collector says so
+            pass  # it has ended: its collector says so
 
     def ended(self) -> str:
         """How the lane process ended (it is reaped here): its exit status or signal."""
@@ -92,9 +128,9 @@ class Lane:
         return f"exit status {code}"
 
     def receive(self):
-        """("sentence", batch id, index, result) as each sentence ends; then ("done", batch id,
-        results: None for those sent already) or ("error", batch id, message). LaneError once
-        the process has ended."""
+        """(kind, model key, ...): ("sentence", key, batch id, index, result) as each
+        sentence ends; then ("done", key, batch id, results: None for those sent already) or
+        ("error", key, batch id, message). LaneError once the process has ended."""
         try:
             return self.conn.recv()
         except (EOFError, OSError):
@@ -102,11 +138,7 @@ class Lane:
 
     def stop(self) -> None:
         """Asks the lane to finish its batches and end; waits for it."""
-        try:
-            with self.sending:
-                self.conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
+        self._tell(("stop",))
         self.process.join(60)
         if self.process.is_alive():
             self.process.kill()
@@ -114,143 +146,112 @@ class Lane:
 
 
 # -- the lane process -------------------------------------------------------------------------
-@dataclasses.dataclass(eq=False)
-class _Batch:
-    id: int
-    order: List[int]  # the batch's sentences in decoding order (by length)
-    attention: bool
-    lengths: List[int]  # the source length of each, in that order
-    sent: set = dataclasses.field(default_factory=set)  # its sentences answered (places)
-    over: bool = False  # its end (or error) sent
-
-
-@dataclasses.dataclass(eq=False)
-class _Chunk:
-    """Sentences of a batch that start together: ``places`` in the batch, their ``tokens``."""
-    key: tuple  # the batch's settings (n_best, attention)
-    batch: _Batch
-    places: List[int]
-    tokens: List[List[str]]
-
-
-@dataclasses.dataclass(eq=False)
-class _Search:
-    """One of the lane's searches and the sentences it decodes: several chunks where they
-    joined it between its steps; ``places``: its sentences in its own order, as (batch,
-    place); ``decoding``: the source length of each one still decoding, by its index there
-    (a search that sentences keep joining runs on, so its places only grow)."""
-    key: tuple  # the settings (n_best, attention) of its batches
-    places: List[tuple] = dataclasses.field(default_factory=list)
-    decoding: Dict[int, int] = dataclasses.field(default_factory=dict)
-    offered: List[_Chunk] = dataclasses.field(default_factory=list)  # not taken yet
-    ahead_until: float = 0.0  # until when it steps alone (its head start)
-
-    def add(self, chunk: _Chunk) -> None:
-        for place in chunk.places:
-            self.decoding[len(self.places)] = chunk.batch.lengths[place]
-            self.places.append((chunk.batch, place))
-
-    def ended(self, index: int) -> tuple:
-        """(batch, place) of its sentence ``index``, which no longer decodes."""
-        del self.decoding[index]
-        return self.places[index]
-
-    def batches(self) -> List[_Batch]:
-        return list({id(batch): batch for batch, _ in self.places}.values())
-
-
-def short_beside(shorter: List[int], longer: List[int]) -> bool:
-    """Whether sources ``shorter`` tokens long are short beside sources ``longer`` long: each
-    at most half as long as every one of them (the short step alone, Turns; the batcher sends
-    them to a busy lane at once)."""
-    return bool(shorter) and bool(longer) and 2 * max(shorter) <= min(longer)
-
-
-class Turns:
-    """Which of a lane's searches take the next step. Short sentences beside long ones step
-    alone, as searches of their own, for ``head_start`` seconds, their steps alternating with
-    steps of every search so that those they take alone use at most half the lane's time (two
-    thirds while they decode FEW_AHEAD sentences or fewer: a short request's own); otherwise
-    every search steps. Short beside long: a batch whose longest source is at most half as
-    long as every running sentence's (and every sentence waiting to start), and the running
-    searches whose every sentence is at most half as long as every sentence of a batch that
-    arrives (which starts a search of its own instead of joining theirs)."""
-
-    def __init__(self, head_start: float):
-        self.head_start = head_start
-        self.alone = self.together = 0.0  # seconds of steps while some search is ahead
-
-    def ahead_until(self, lengths: List[int], running: List[_Search], now: float,
-                    waiting: List[int] = ()) -> float:
-        """Until when a batch of sources ``lengths`` tokens long, arriving now, steps alone (0:
-        it does not). ``waiting``: the shortest source of each chunk waiting to start, which
-        counts as running (else a short batch would wait behind long ones and join them)."""
-        others = [min(s.decoding.values(), default=0) for s in running
-                  if s.ahead_until <= now] + list(waiting)
-        if short_beside(lengths, others):
-            return now + self.head_start
-        return 0.0
-
-    def let_ahead(self, lengths: List[int], running: List[_Search], now: float) -> list:
-        """The running searches that step alone from now on, beside sentences of sources
-        ``lengths`` tokens long that start now (and do not join them)."""
-        ahead = [s for s in running if s.ahead_until <= now
-                 and short_beside(list(s.decoding.values()), lengths)]
-        for search in ahead:
-            search.ahead_until = now + self.head_start
-        return ahead
-
-    def choose(self, running: List[_Search], now: float):
-        """None: every search steps; else the test of the searches that step alone."""
-        ahead = [s for s in running if s.ahead_until > now]
-        if not ahead:
-            self.alone = self.together = 0.0
-            return None
-        few = sum(len(s.decoding) for s in ahead) <= FEW_AHEAD
-        if self.alone <= (2 if few else 1) * self.together:
-            return lambda s: s.ahead_until > now
-        return None
-
-    def took(self, only, seconds: float) -> None:
-        if only is not None:
-            self.alone += seconds
-        else:
-            self.together += seconds
-
-
-def lane_main(options: dict, conn, head_start: float, server: int) -> None:
+def lane_main(conn, server: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
     end_with_parent(server)  # even when it is killed
     torch.set_num_threads(1)
-    from onmt_lite.translate.build import build_translator  # in the child: after threads
-    try:
-        translator = build_translator(options)
-    except Exception as err:  # noqa: BLE001 - reported to the server, which says why
-        conn.send(("failed", f"{type(err).__name__}: {err}"))
-        return
     conn.send(("ready",))
-    lane = _LaneSearches(translator, Turns(head_start))
+    models = _Models(conn)
     stopping = False
     while True:
-        while not stopping and conn.poll(None if not lane.busy() else 0):
+        while not stopping and conn.poll(None if not models.busy() else 0):
             message = conn.recv()
             if message[0] == "stop":
                 stopping = True
                 break
-            if message[0] == "drop":
-                lane.drop(conn, *message[1:])
-                continue
-            _, batch_id, tokens, n_best, attention = message
-            order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
-            ordered = [tokens[i] for i in order]
-            with inference():
-                lane.admit(conn, _Batch(batch_id, order, attention, [len(t) for t in ordered]),
-                           ordered, n_best)
+            models.receive(message)
         with inference():
-            if lane.busy():
-                lane.step(conn)
+            if models.busy():
+                models.step()
             elif stopping:
                 return
+
+
+class _Tagged:
+    """A lane's pipe as one model's searches write to it: each message names the model."""
+
+    def __init__(self, conn, key):
+        self.conn, self.key = conn, key
+
+    def send(self, message: tuple) -> None:
+        self.conn.send((message[0], self.key) + tuple(message[1:]))
+
+
+class _Models:
+    """A lane's models by key, each with its own searches (_LaneSearches), loaded at their
+    first batch; the busy ones take steps in turn."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.sources: Dict[object, ModelSource] = {}
+        self.lanes: Dict[object, "_LaneSearches"] = {}
+        self.turn = collections.deque()  # the keys of the models, the next to step first
+
+    def busy(self) -> bool:
+        return any(lane.busy() for lane in self.lanes.values())
+
+    def receive(self, message: tuple) -> None:
+        kind, key = message[0], message[1]
+        if kind == "model":
+            self.sources[key] = message[2]
+        elif kind == "unload":
+            self.sources.pop(key, None)
+            if self.lanes.pop(key, None) is not None:
+                self.turn.remove(key)
+                _free_memory()
+        elif kind == "drop":
+            if key in self.lanes:
+                self.lanes[key].drop(_Tagged(self.conn, key), *message[2:])
+        else:
+            self._batch(key, *message[2:])
+
+    def _batch(self, key, batch_id: int, tokens: List[List[str]], n_best: int,
+               attention: bool) -> None:
+        conn = _Tagged(self.conn, key)
+        if key not in self.lanes:
+            source = self.sources[key]
+            try:
+                translator = _load(source)
+            except Exception as err:  # noqa: BLE001 - the batch fails saying why
+                conn.send(("error", batch_id, f"the model did not load in a lane: "
+                                              f"{type(err).__name__}: {err}"))
+                return
+            self.lanes[key] = _LaneSearches(translator, Turns(source.head_start))
+            self.turn.append(key)
+        order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
+        ordered = [tokens[i] for i in order]
+        with inference():
+            self.lanes[key].admit(conn, _Batch(batch_id, order, attention,
+                                               [len(t) for t in ordered]), ordered, n_best)
+
+    def step(self) -> None:
+        """One turn of the next busy model."""
+        for _ in range(len(self.turn)):
+            key = self.turn[0]
+            self.turn.rotate(-1)
+            if self.lanes[key].busy():
+                self.lanes[key].step(_Tagged(self.conn, key))
+                return
+
+
+def _load(source: ModelSource):
+    """A model's translator in a lane: its file mapped read-only (every lane maps the same
+    pages; the file is the server's own, in a folder only it can read), or built from its
+    options."""
+    if source.weights is not None:
+        return torch.load(source.weights, mmap=True, weights_only=False)
+    from onmt_lite.translate.build import build_translator  # in the child: after threads
+    return build_translator(source.options)
+
+
+def _free_memory() -> None:
+    """Gives the memory of an unloaded model back to the system (its mapped weights go with
+    their last tensor; what the allocator keeps of its searches, through malloc_trim)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 class _LaneSearches:

@@ -1,12 +1,17 @@
 """The server's bounds on what its clients and its configuration may ask for, each checked before
 any work starts: request sizes (Limits), and the decoding options of every served model and of
 every search a request starts (SearchLimits)."""
+import os
 from dataclasses import dataclass
 from typing import List, Optional
 
 from onmt_lite.errors import OptionError
 
 MIB = 1 << 20
+# What a lane holds of a model beside the weights it maps (the model's objects, the replicas and
+# the working memory of its searches): 11 MiB beside 46 MiB of weights, the Transformer fixture
+# after a translation; a quarter of the weights a lane.
+LANE_SHARE = 0.25
 
 
 class LimitError(OptionError):
@@ -37,12 +42,15 @@ class SearchLimits:
             output scores, decoder caches, source memories and attention); a request that
             would need more is refused.
         max_models: models the server holds at most, the configured ones and clones.
+        max_memory: MiB the models loaded may hold (model_memory); the least recently used
+            are unloaded to keep within it (0: no bound).
     """
     max_beam_size: int = 64
     max_target_length: int = 1024
     max_batch_size: int = 256
     lane_memory: int = 2048
     max_models: int = 8
+    max_memory: int = 0
 
     def check_options(self, options, where: str) -> None:
         """Refuses translate options (a namespace) beyond the bounds, naming the option."""
@@ -70,6 +78,22 @@ class SearchLimits:
             raise LimitError(f"{where}: its search would need about {need / MIB:,.0f} MiB, over "
                              f"the server's limit of {self.lane_memory} MiB a request "
                              "(-lane_memory)")
+
+
+def model_memory(weights: int, lanes: int, shared: bool) -> int:
+    """The bytes a loaded model holds, from the bytes of its ``weights``: once, in the file
+    every lane maps (``shared``; else a copy in each lane), and LANE_SHARE of them in each of
+    the ``lanes``."""
+    per_lane = LANE_SHARE * weights + (0 if shared else weights)
+    return int((weights if shared else 0) + lanes * per_lane)
+
+
+def default_max_memory() -> int:
+    """Half the machine's memory, in MiB (0, no bound, where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // MIB
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """GET /metrics: the server's counters in Prometheus' text format (prometheus_client)."""
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401 - the response's media type
@@ -20,7 +20,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 class Metrics:
     """One registry per server (tests run several servers in one process)."""
 
-    def __init__(self, queue_length: Callable[[], float]):
+    def __init__(self, queue_length: Callable[[], float],
+                 model_memory: Optional[Callable[[], float]] = None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("onmt_lite_requests", "HTTP requests answered",
@@ -38,8 +39,15 @@ class Metrics:
         self.lane_restarts = Counter("onmt_lite_lane_restarts",
                                      "lane processes that ended unasked and were replaced",
                                      ["model"], registry=r)
+        self.models_dropped = Counter("onmt_lite_models_dropped",
+                                      "models unloaded to make room for another (-max_memory)",
+                                      ["model"], registry=r)
         queue = Gauge("onmt_lite_queue_length", "sentences waiting for a lane", registry=r)
         queue.set_function(queue_length)
+        if model_memory is not None:
+            memory = Gauge("onmt_lite_model_memory_bytes", "the memory the models loaded hold, "
+                           "as -max_memory counts it", registry=r)
+            memory.set_function(model_memory)
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(status)).inc()

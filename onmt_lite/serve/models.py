@@ -1,5 +1,10 @@
 """The served models: each loads (at start-up or at its first request), translates through its
-Batcher, unloads after its idle timeout, and can be cloned with other options."""
+Batcher, unloads after its idle timeout, and can be cloned with other options.
+
+The models share the server's lanes (pool.py) and each model's weights are held once, in a file
+every lane maps (weights.py). Within ``-max_memory`` (limits.model_memory: the weights once,
+and a quarter of them in each lane), the least recently used models are unloaded to make room
+for one that loads; an unloaded model loads again at its next request (Residency)."""
 import argparse
 import asyncio
 import dataclasses
@@ -15,8 +20,10 @@ import torch
 from onmt_lite.options import config_value
 from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
-from onmt_lite.serve.limits import LimitError, SearchLimits, SearchShape
+from onmt_lite.serve.limits import MIB, LimitError, SearchLimits, SearchShape, model_memory
 from onmt_lite.serve.metrics import Metrics
+from onmt_lite.serve.pool import LanePool
+from onmt_lite.serve.weights import WeightFiles, remove, weights_bytes
 from onmt_lite.translate.build import build_translator
 from onmt_lite.translate.flags import build_parser
 
@@ -71,12 +78,86 @@ def translate_options(spec: ModelSpec) -> argparse.Namespace:
     return args
 
 
+class Residency:
+    """What the server's models share: the lanes (started when the first model loads), the
+    files of their weights, and the bound on the memory of the models loaded (``max_memory``
+    MiB, 0: none): a model that loads first unloads the least recently used others (idle ones
+    first) until it fits. ``models``: the server's models, as a function."""
+
+    def __init__(self, lanes: int, max_memory: int = 0, models=lambda: [], metrics=None):
+        self.lanes, self.max_memory, self.models = lanes, max_memory, models
+        self.metrics = metrics
+        self.pool: Optional[LanePool] = None
+        self.weights = WeightFiles()
+        self.lock = threading.Lock()  # one model makes room and starts at a time
+
+    def serve(self, model: "ServedModel", options: dict, translator) -> tuple:
+        """A Batcher for ``model`` on the server's lanes, its weights shared through a file
+        (the server's own process then frees its copy), room made for it: (batcher, the
+        model's memory, the weights' file or None)."""
+        weights = weights_bytes(translator.model)
+        path = None if options.get("compile") else self.weights.write(
+            translator, f"model{model.id}")
+        translator.model = None  # the lanes decode, each mapping the file
+        memory = model_memory(weights, self.lanes, path is not None)
+        try:
+            with self.lock:
+                self._make_room(model, memory)
+                if self.pool is None:
+                    self.pool = LanePool(self.lanes)
+                batcher = Batcher(options, model.scheduling, model._on_batch,
+                                  model._on_restart, pool=self.pool, weights=path)
+        except BaseException:
+            remove(path)
+            raise
+        return batcher, memory, path
+
+    def held(self) -> int:
+        """The bytes the models loaded hold (model_memory)."""
+        return sum(m.memory for m in self.models() if m.state == "ready")
+
+    def _make_room(self, model: "ServedModel", need: int) -> None:
+        """Unloads the least recently used models (idle ones first) until ``need`` bytes more
+        fit within max_memory; one line names each."""
+        if not self.max_memory:
+            return
+        bound = self.max_memory * MIB
+        others = [m for m in self.models() if m is not model and m.state == "ready"]
+        held = sum(m.memory for m in others)
+        for other in sorted(others, key=lambda m: (m.busy(), m.used)):
+            if held + need <= bound:
+                break
+            logger.info("%s unloaded to make room for %s (-max_memory %d MiB: %.0f MiB held, "
+                        "%.0f MiB more wanted)", other.spec.describe(), model.spec.describe(),
+                        self.max_memory, held / MIB, need / MIB)
+            held -= other.memory
+            other.unload()
+            if self.metrics is not None:
+                self.metrics.models_dropped.labels(str(other.id)).inc()
+        if held + need > bound:
+            logger.warning("%s needs about %.0f MiB beside %.0f MiB of models in use, over "
+                           "-max_memory %d MiB", model.spec.describe(), need / MIB, held / MIB,
+                           self.max_memory)
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+        self.weights.close()
+
+
 class ServedModel:
-    """One model of the server. ``state``: unloaded, loading, ready or failed (``error``)."""
+    """One model of the server. ``state``: unloaded, loading, ready or failed (``error``).
+    ``host``: what it shares with the server's other models (its lanes, the memory bound);
+    without one, a Residency of its own."""
 
     def __init__(self, spec: ModelSpec, scheduling: Scheduling = Scheduling(), metrics=None,
-                 limits: SearchLimits = SearchLimits()):
+                 limits: SearchLimits = SearchLimits(), host: Optional[Residency] = None):
         self.spec, self.metrics, self.limits = spec, metrics, limits
+        self.host = host if host is not None else Residency(scheduling.lanes)
+        self.memory = 0  # bytes, while loaded (limits.model_memory)
+        self.used = 0.0  # when it last translated or loaded (time.monotonic)
+        self.weights: Optional[str] = None  # the file of its translator that the lanes map
         self.options = translate_options(spec)  # refused here, at start-up, not at a request
         limits.check_options(self.options, spec.describe())
         batch_size = spec.opt.get("batch_size", scheduling.batch_size)  # OpenNMT-py's opt
@@ -116,10 +197,10 @@ class ServedModel:
                                inter_threads=1, workers=1)
                 translator = build_translator(options)  # here: checked, and the tokenizer
                 self.shape = SearchShape.of(translator.model)
-                translator.model = None  # the lanes decode, each with its own copy
                 self._check_memory([1])  # a one-token sentence fits
-                self.batcher = Batcher(options, self.scheduling, self._on_batch,
-                                       self._on_restart)
+                self.used = time.monotonic()
+                self.batcher, self.memory, self.weights = self.host.serve(self, options,
+                                                                          translator)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
@@ -127,7 +208,8 @@ class ServedModel:
                 return
             self.load_time = time.monotonic() - start
             self.state, self.error = "ready", ""
-            logger.info("%s loaded in %.2f s", self.spec.describe(), self.load_time)
+            logger.info("%s loaded in %.2f s (about %.0f MiB)", self.spec.describe(),
+                        self.load_time, self.memory / MIB)
         self._reset_timer()
 
     def unload(self, drain: bool = True) -> None:
@@ -137,7 +219,8 @@ class ServedModel:
                 self.timer.cancel()
             if self.batcher is not None:
                 self.batcher.stop(drain)
-            self.batcher, self.translator = None, None
+            remove(self.weights)
+            self.batcher, self.translator, self.weights = None, None, None
             if self.state == "ready":
                 self.state = "unloaded"
 
@@ -167,25 +250,17 @@ class ServedModel:
         batcher = self.batcher
         return batcher.queued() if batcher is not None else 0
 
+    def busy(self) -> bool:
+        """Whether sentences of it wait or decode."""
+        batcher = self.batcher
+        return batcher is not None and bool(batcher.queued() or batcher.running)
+
     async def translate(self, lines: List[str], n_best: Optional[int] = None,
                         attention: bool = False) -> List[Sentence]:
         """Each line's translation (loading the model first if needed). Lines with nothing to
         translate give "" and score 0, as OpenNMT-py's server does."""
-        if self.state != "ready":
-            await asyncio.to_thread(self.load)
-        batcher, translator = self.batcher, self.translator
-        if self.state != "ready" or batcher is None:
-            raise ModelUnavailable(f"{self.spec.describe()} is not available: "
-                                   f"{self.error or self.state}")
         n_best = n_best or self.n_best
-        tokens = [translator.source_tokens(line, number) for number, line in
-                  enumerate(lines, 1)]
-        todo = [i for i, toks in enumerate(tokens) if not translator.empty_source(toks)]
-        self._check_memory([len(tokens[i]) for i in todo])
-        try:
-            futures = batcher.submit([tokens[i] for i in todo], Settings(n_best, attention))
-        except Stopped as err:
-            raise ModelUnavailable(f"{self.spec.describe()}: {err}") from None
+        batcher, tokens, todo, futures = await self._submit(lines, Settings(n_best, attention))
         waiting = [asyncio.wrap_future(f) for f in futures]
         try:
             done = await asyncio.gather(*waiting)
@@ -206,6 +281,27 @@ class ServedModel:
         if self.metrics is not None:
             self.metrics.sentences(self.id, len(lines))
         return results
+
+    async def _submit(self, lines: List[str], settings: Settings) -> tuple:
+        """(batcher, each line's tokens, the lines to decode, their futures), the model loaded
+        first; loaded again where it was unloaded meanwhile (to make room for another)."""
+        for attempt in range(3):
+            if self.state != "ready":
+                await asyncio.to_thread(self.load)
+            batcher, translator = self.batcher, self.translator
+            if self.state != "ready" or batcher is None:
+                raise ModelUnavailable(f"{self.spec.describe()} is not available: "
+                                       f"{self.error or self.state}")
+            self.used = time.monotonic()
+            tokens = [translator.source_tokens(line, number) for number, line in
+                      enumerate(lines, 1)]
+            todo = [i for i, toks in enumerate(tokens) if not translator.empty_source(toks)]
+            self._check_memory([len(tokens[i]) for i in todo])
+            try:
+                return batcher, tokens, todo, batcher.submit([tokens[i] for i in todo], settings)
+            except Stopped as err:
+                if attempt == 2:
+                    raise ModelUnavailable(f"{self.spec.describe()}: {err}") from None
 
     def _check_memory(self, lengths: List[int]) -> None:
         """Raises LimitError when sentences of sources ``lengths`` tokens long would need more
@@ -239,8 +335,11 @@ class Registry:
     def __init__(self, specs: List[ModelSpec], scheduling: Scheduling = Scheduling(),
                  limits: SearchLimits = SearchLimits()):
         self.scheduling, self.limits = scheduling, limits
-        self.metrics = Metrics(self.queued)
         self.models: Dict[int, ServedModel] = {}
+        self.host = Residency(scheduling.lanes, limits.max_memory,
+                              lambda: list(self.models.values()))
+        self.metrics = Metrics(self.queued, self.host.held)
+        self.host.metrics = self.metrics
         for spec in specs:
             self.models[spec.id] = self._served(spec)
         self.configured = set(self.models)
@@ -249,7 +348,7 @@ class Registry:
         self.next_id = max(self.models, default=-1) + 1  # a removed clone's id is never reused
 
     def _served(self, spec: ModelSpec) -> ServedModel:
-        return ServedModel(spec, self.scheduling, self.metrics, self.limits)
+        return ServedModel(spec, self.scheduling, self.metrics, self.limits, self.host)
 
     def queued(self) -> int:
         return sum(model.queued() for model in self.models.values())
@@ -309,8 +408,9 @@ class Registry:
                 self.models.pop(model_id, None)
 
     def stop(self) -> None:
-        for model in self.models.values():
+        for model in list(self.models.values()):
             model.unload(drain=True)
+        self.host.stop()
 
 
 def default_lanes() -> int:

@@ -1,0 +1,104 @@
+"""Each loaded model's weights, once per server: its translator written to a file that every lane
+maps read-only (lanes.ModelSource), so that the lanes share the same pages of memory.
+
+The files live in a folder of the server's own (mode 0700, under the system's temporary folder:
+$TMPDIR), named after the server's process id, and go when their model is unloaded and when the
+server stops; the folder of a server that was killed is removed by the next one to start.
+"""
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger("onmt_lite")
+
+PREFIX = "onmt_lite-weights-"
+
+
+def weights_bytes(model) -> int:
+    """The bytes of a model's tensors (parameters and buffers, each storage once)."""
+    seen, total = set(), 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+class WeightFiles:
+    """The folder of the server's weight files, made at the first one written."""
+
+    def __init__(self):
+        self.folder: Optional[str] = None
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def write(self, translator, name: str) -> Optional[str]:
+        """The path of a file of ``translator`` (its model included), for the lanes to map;
+        None where the translator cannot be written (compiled programs): each lane then
+        builds its own copy, and one line says so."""
+        with self.lock:
+            if self.folder is None:
+                _remove_stale()
+                self.folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+            self.count += 1
+            path = os.path.join(self.folder, f"{self.count}-{name}.pt")
+        try:
+            torch.save(translator, path)
+        except Exception as err:  # noqa: BLE001 - any object torch cannot write: lanes build it
+            logger.info("%s: its weights are not shared between the lanes: it cannot be "
+                        "written for them to map (%s: %s); each lane loads its own copy", name,
+                        type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+            remove(path)
+            return None
+        return path
+
+    def close(self) -> None:
+        with self.lock:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                self.folder = None
+
+
+def remove(path: Optional[str]) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _remove_stale() -> None:
+    """Removes the weight folders of servers that are no longer running (killed)."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].split("-")[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        path = os.path.join(root, name)
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's
+        return True
+    return True
