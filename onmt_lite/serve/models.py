@@ -127,11 +127,13 @@ class Residency:
         for other in sorted(others, key=lambda m: (m.busy(), m.used)):
             if held + need <= bound:
                 break
-            logger.info("%s unloaded to make room for %s (-max_memory %d MiB: %.0f MiB held, "
-                        "%.0f MiB more wanted)", other.spec.describe(), model.spec.describe(),
-                        self.max_memory, held / MIB, need / MIB)
-            held -= other.memory
-            other.unload()
+            memory = other.memory
+            if not other.unload(wait=False):
+                continue  # loading or unloading meanwhile
+            logger.info("%s unloaded to make room for %s (-max_memory %d MiB: %.0f MiB were "
+                        "held, %.0f MiB more wanted)", other.spec.describe(),
+                        model.spec.describe(), self.max_memory, held / MIB, need / MIB)
+            held -= memory
             if self.metrics is not None:
                 self.metrics.models_dropped.labels(str(other.id)).inc()
         if held + need > bound:
@@ -212,9 +214,15 @@ class ServedModel:
                         self.load_time, self.memory / MIB)
         self._reset_timer()
 
-    def unload(self, drain: bool = True) -> None:
-        """Frees the model; sentences queued are finished first (``drain``)."""
-        with self.lock:
+    def unload(self, drain: bool = True, wait: bool = True) -> bool:
+        """Frees the model; sentences queued are finished first (``drain``). Without
+        ``wait``, only a ready model that no other thread loads or unloads (to make room for
+        another: never waiting for a model that waits for room); False where it was not."""
+        if not self.lock.acquire(blocking=wait):
+            return False
+        try:
+            if not wait and self.state != "ready":
+                return False
             if self.timer is not None:
                 self.timer.cancel()
             if self.batcher is not None:
@@ -223,6 +231,9 @@ class ServedModel:
             self.batcher, self.translator, self.weights = None, None, None
             if self.state == "ready":
                 self.state = "unloaded"
+        finally:
+            self.lock.release()
+        return True
 
     def _reset_timer(self) -> None:
         if self.spec.timeout < 0:
