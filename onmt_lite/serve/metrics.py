@@ -37,7 +37,8 @@ class Metrics:
                                     "time a sentence waited for a lane", ["model"],
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.lane_restarts = Counter("onmt_lite_lane_restarts",
-                                     "lane processes that ended unasked and were replaced",
+                                     "lane processes that ended unasked and were replaced (counted under "
+                                     "each model the lane served)",
                                      ["model"], registry=r)
         self.models_dropped = Counter("onmt_lite_models_dropped",
                                       "models unloaded to make room for another (-max_memory)",
