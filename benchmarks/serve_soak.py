@@ -5,8 +5,9 @@ flat.
 
 ``onmt_lite serve`` (the shipped model, ``-max_length_ratio 0`` so that no rule depends on a
 sentence's batch-mates) takes, from ``-clients`` threads for ``-minutes``: single sentences,
-lists of 2 to 6, bad requests (not JSON, no q, a text over -max_chars, a form with invalid
-UTF-8: each must get its 400), and clients that send a long request and go before the answer
+lists of 2 to 6 (OpenNMT-py's API: each answered as the translator's own line), bad requests
+(not JSON, no q, a text over -max_chars, a form with invalid UTF-8: each must get its 400), and
+clients that send a long request and go before the answer
 (their sentences must be dropped, not decoded). A lane is SIGKILLed every ``-kill_every``
 seconds (a random interval between the two). Every answer to a good request is compared with
 the translator's own line; the server's resident memory (its own process, and with its lanes) is
@@ -126,13 +127,13 @@ class Soak:
         self.good(http, "several", rng.sample(self.lines, rng.randint(2, 6)))
 
     def good(self, http, kind: str, texts: list) -> None:
-        q = texts[0] if kind == "single" else texts
-        response = http.post("/translate", json={"q": q, "source": "en", "target": "de"})
+        """Through OpenNMT-py's API, which answers each text as the translator's own line
+        (LibreTranslate's restores the source's case and final punctuation)."""
+        response = http.post("/translator/translate", json=[{"src": t, "id": 0} for t in texts])
         if response.status_code != 200:
             self.count(f"{kind} lost", f"{kind}: {response.status_code} {response.text[:200]}")
             return
-        got = response.json()["translatedText"]
-        got = [got] if kind == "single" else got
+        got = [entry["tgt"] for entry in response.json()[0]]
         wrong = [(t, g) for t, g in zip(texts, got) if g != self.expected[t]]
         if wrong or len(got) != len(texts):
             self.count(f"{kind} wrong", f"{kind}: {wrong[:1]}")
@@ -240,10 +241,10 @@ def soak(seconds: float, clients: int = 8, kill_every=(30.0, 60.0), lines: int =
                 raise RuntimeError("the server did not start in 120 s")
             time.sleep(0.1)
         report = Soak(texts, expected, port, seconds, clients, kill_every, seed).run(server.pid)
-        after = httpx.post(f"http://127.0.0.1:{port}/translate", timeout=60, json={
-            "q": texts[0], "source": "en", "target": "de"})
+        after = httpx.post(f"http://127.0.0.1:{port}/translator/translate", timeout=60,
+                           json=[{"src": texts[0], "id": 0}])
         report["serves_after"] = after.status_code == 200 and \
-            after.json()["translatedText"] == expected[texts[0]]
+            after.json()[0][0]["tgt"] == expected[texts[0]]
         return report
     finally:
         server.send_signal(signal.SIGTERM)

@@ -85,11 +85,16 @@ def test_a_conf_models_options_are_bounded_at_start_up():
 def test_a_request_needing_more_search_memory_than_a_lane_may_use_is_refused_first():
     registry, client = serving(lane_memory=64)
     with client as c:
-        ask = {"q": [" ".join(DEMO) * 3] * 32, "source": "en", "target": "de"}
-        refused = c.post("/translate", json=ask)
+        refused = onmt(c, [" ".join(DEMO) * 3] * 32)  # each src one unit: long sources
         assert refused.status_code == 400 and "-lane_memory" in refused.json()["error"]
         assert "onmt_lite_batch_size_count" not in c.get("/metrics").text  # no batch started
-        assert c.post("/translate", json={**ask, "q": DEMO[:2]}).status_code == 200
+        assert onmt(c, DEMO[:2]).status_code == 200
+
+
+def onmt(client, texts):
+    """OpenNMT-py's API, which translates each ``src`` as one unit (LibreTranslate's cuts texts
+    into sentences): the tests of lanes and limits send long sources through it."""
+    return client.post("/translator/translate", json=[{"src": t, "id": 0} for t in texts])
 
 
 # -- lanes that die, sentences that kill them, requests abandoned --------------------------------
@@ -115,7 +120,7 @@ def test_a_lane_that_dies_loses_no_request_and_is_replaced(translator, caplog):
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
-    lines = [f"{line} {extra}" for extra in ("", "Then it rains.", "Two dogs run.")
+    lines = [f"{line} {extra}".strip() for extra in ("", "Then it rains.", "Two dogs run.")
              for line in DEMO] * 4
     expected = {line: t.output_lines()[0] for line, t in zip(lines, translator.translate(lines))}
     registry, client = serving(lanes=2, opt={"max_length_ratio": 0})
@@ -124,18 +129,16 @@ def test_a_lane_that_dies_loses_no_request_and_is_replaced(translator, caplog):
         first = batcher.lanes[0]
         threading.Timer(0.8, first.process.kill).start()
         with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda line: c.post("/translate", json={
-                "q": line, "source": "en", "target": "de"}), lines))
+            answers = list(pool.map(lambda line: onmt(c, [line]), lines))
         assert [a.status_code for a in answers] == [200] * len(lines)
-        assert [a.json()["translatedText"] for a in answers] == [expected[x] for x in lines]
+        assert [a.json()[0][0]["tgt"] for a in answers] == [expected[x] for x in lines]
         deadline = time.monotonic() + 60
         while len(batcher.lanes) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(batcher.lanes) == 2 and first not in batcher.lanes
         assert first.process.exitcode == -9  # reaped, not a zombie
         assert 'onmt_lite_lane_restarts_total{model="0"} 1.0' in c.get("/metrics").text
-        assert c.post("/translate", json={"q": DEMO[0], "source": "en", "target": "de"}
-                      ).json()["translatedText"] == translator.translate([DEMO[0]])[0] \
+        assert onmt(c, [DEMO[0]]).json()[0][0]["tgt"] == translator.translate([DEMO[0]])[0] \
             .output_lines()[0]
     assert "a lane process ended (killed by SIGKILL)" in caplog.text
 
@@ -234,11 +237,10 @@ def test_a_request_whose_sentence_kills_its_lanes_gets_a_500_naming_it(translato
         thread = threading.Thread(target=killer)
         thread.start()
         try:
-            failed = c.post("/translate", json={"q": poison, "source": "en", "target": "de"})
+            failed = onmt(c, [poison])  # one unit: LibreTranslate's API would cut sentences
         finally:
             done.set()
             thread.join()
         assert failed.status_code == 500, failed.text
         assert "ended 2 lane processes" in failed.json()["error"]
-        assert c.post("/translate", json={"q": DEMO[0], "source": "en", "target": "de"}
-                      ).status_code == 200
+        assert onmt(c, [DEMO[0]]).status_code == 200

@@ -165,11 +165,12 @@ def test_the_sentences_of_a_client_that_leaves_are_dropped():
     server = Process("-lanes", "1", "-batch_size", "8", "-max_batches", "2",
                      "-max_sentences", "512", "-max_length_ratio", "0", "-max_length", "300")
     try:
-        long_line = " ".join(DEMO * 3)
-        body = json.dumps({"q": [long_line] * 512, "source": "en", "target": "de"}).encode()
+        long_line = " ".join(DEMO * 3)  # OpenNMT-py's API: one unit (LibreTranslate's cuts it)
+        body = json.dumps([{"src": long_line, "id": 0}] * 512).encode()
         with socket.create_connection(("127.0.0.1", server.port)) as s:
             sent = time.monotonic()
-            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /translator/translate HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             while server.metric("onmt_lite_queue_length") < 400:  # queued, and waiting
                 assert time.monotonic() - sent < 10, "the sentences were never queued"
