@@ -16,7 +16,7 @@ pytest.importorskip("srt", reason=".srt files need srt (serve extra)")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from onmt_lite.serve import libre_file_api, libre_files  # noqa: E402
+from onmt_lite.serve import libre_files  # noqa: E402
 from onmt_lite.serve.app import create_app  # noqa: E402
 from onmt_lite.serve.config import ModelSpec  # noqa: E402
 from onmt_lite.serve.libre_file_api import FileStore  # noqa: E402
@@ -132,11 +132,11 @@ def test_detection_gives_libretranslates_confidences():
 
 
 @pytest.fixture()
-def client(monkeypatch):
+def client():
     """The server, its model never loaded: every request here is refused before."""
-    monkeypatch.setattr(libre_file_api, "MAX_FILE_BYTES", 1000)
     spec = ModelSpec(0, os.path.join(ROOT, "data", "absent.pt"), {}, "en", "de", load=False)
-    app = create_app(Registry([spec], Scheduling(lanes=1)), Limits(max_chars=50), {"key"})
+    app = create_app(Registry([spec], Scheduling(lanes=1)),
+                     Limits(max_chars=50, max_file_bytes=1000), {"key"})
     with TestClient(app) as c:
         yield c
 

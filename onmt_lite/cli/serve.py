@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sentences waiting per model; beyond, 503 with Retry-After")
     add(g, "max_request_bytes", type=integer(0), default=1 << 20,
         help="larger request bodies get 413 (0: no limit)")
+    add(g, "max_file_bytes", type=integer(1), default=1 << 20,
+        help="bytes of a file sent to /translate_file at most; beyond, 413 (the body also "
+             "counts against -max_request_bytes)")
+    add(g, "max_stored_files", type=integer(1), default=256,
+        help="translated files waiting for their download at most (the oldest dropped beyond)")
     add(g, "max_connections", type=integer(0), default=512,
         help="requests in flight at most; beyond, 503 with Retry-After (0: no limit)")
     add(g, "backlog", type=integer(1), default=2048,
@@ -187,7 +192,8 @@ def main(argv=None) -> int:
         print(f"onmt_lite serve: error: {err}", file=sys.stderr)
         return 2
     limits = Limits(args.max_request_bytes, args.max_sentences, args.max_chars, args.timeout,
-                    args.max_queue, args.max_connections)
+                    args.max_queue, args.max_connections, args.max_file_bytes,
+                    args.max_stored_files)
     app = create_app(registry, limits, keys, admin_keys)
     _raise_open_files()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

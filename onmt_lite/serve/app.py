@@ -24,7 +24,7 @@ def create_app(registry: Registry, limits: Limits = Limits(),
                api_keys: Optional[Set[str]] = None, admin_keys: Optional[Set[str]] = None):
     """The ASGI application serving ``registry``'s models (keys: see service.Service)."""
     service = Service(registry, limits, api_keys, admin_keys)
-    store = libre_file_api.FileStore()
+    store = libre_file_api.FileStore(limits.max_stored_files)
 
     async def lifespan(app):
         await asyncio.to_thread(registry.load_at_start)

@@ -3,11 +3,11 @@ api_key) answers ``{"translatedFileUrl"}``, and ``GET /download_file/<name>`` gi
 translated file once. The file's texts go through the same sentence path as /translate
 (libre_text: every sentence a job of the model's shared batches).
 
-Bounds, each checked before any work starts: the upload's bytes (MAX_FILE_BYTES: 413, counted
+Bounds, each checked before any work starts: the upload's bytes (-max_file_bytes: 413, counted
 as it streams in; the body also counts against -max_request_bytes), the characters of its text
 (-max_chars, as one q), its sentences (-max_queue). Translated files wait in a private folder
 (made by tempfile, readable by this user only) under names of a random uuid: at most
-MAX_STORED_FILES of them (the oldest dropped beyond), each removed once downloaded or after
+-max_stored_files of them (the oldest dropped beyond), each removed once downloaded or after
 FILE_TTL seconds.
 """
 import asyncio
@@ -35,8 +35,7 @@ from onmt_lite.serve.service import ApiError, Service
 
 logger = logging.getLogger("onmt_lite")
 
-MAX_FILE_BYTES = 1 << 20  # an uploaded file's bytes at most (413 beyond)
-MAX_STORED_FILES = 256  # translated files waiting for their download at most
+MAX_STORED_FILES = 256  # translated files waiting for their download at most (a default)
 FILE_TTL = 1800.0  # seconds a translated file waits for its download (LibreTranslate's 30 min)
 STORED_NAME = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_.-]{1,120}$")
 
@@ -159,7 +158,7 @@ def add_routes(app: FastAPI, service: Service, store: FileStore) -> None:
               summary="Translate a file (.txt, .docx, .html, .srt); answers the URL of its "
                       "translation, to download once")
     async def translate_file(request: Request):
-        values, upload = await read_upload(request, MAX_FILE_BYTES)
+        values, upload = await read_upload(request, service.limits.max_file_bytes)
         service.check_key(values.get("api_key"))
         extension = check_upload(values, upload)
         data = await upload.read()

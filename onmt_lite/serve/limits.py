@@ -28,6 +28,8 @@ class Limits:
     timeout: float = 60.0  # seconds a request may wait for its translations: then 503
     max_queue: int = 1024  # sentences waiting per model: beyond, 503 with Retry-After
     max_connections: int = 512  # requests in flight: beyond, 503 with Retry-After (0: no limit)
+    max_file_bytes: int = 1 << 20  # an uploaded file's bytes at most (/translate_file): 413
+    max_stored_files: int = 256  # translated files waiting for their download at most
 
 
 @dataclass
