@@ -236,8 +236,9 @@ class _Models:
 
 def _load(source: ModelSource):
     """A model's translator in a lane: its file mapped read-only (every lane maps the same
-    pages; the file is the server's own, in a folder only it can read), or built from its
-    options."""
+    pages), or built from its options. The file is no checkpoint: the server wrote it, from the
+    model it loaded as data, in a folder only its user can write, and a lane trusts it as it
+    trusts every message the server pickles onto its pipe."""
     if source.weights is not None:
         return torch.load(source.weights, mmap=True, weights_only=False)
     from onmt_lite.translate.build import build_translator  # in the child: after threads
