@@ -1,8 +1,8 @@
 """Lanes: the processes that decode the server's batches, outside its interpreter lock.
 
 Each lane is a process of one torch thread (started by spawn, not fork: the server has threads
-by then), shared by every model of the server: it loads a model at its first batch of it
-(ModelSource: the translator the server wrote once to a file, mapped read-only, so that every
+by then), shared by every model of the server: it loads a model as soon as the model loads
+(or at its first batch of it, where that load failed) (ModelSource: the translator the server wrote once to a file, mapped read-only, so that every
 lane maps the same pages; or, where the translator cannot be written, one built from the
 model's options) and frees it when the server unloads the model. It receives batches through a
 pipe and decodes each model's as one search (search/loop.py, a step generator that sentences
@@ -94,6 +94,18 @@ class Lane:
                 self.told.add(key)
             self.conn.send(("batch", key, batch_id, tokens, n_best, attention))
 
+    def preload(self, key, source: ModelSource) -> None:
+        """Asks the lane to load a model now, not at its first batch: the first requests
+        after a model loads do not wait for each lane to load it."""
+        try:
+            with self.sending:
+                if key not in self.told:
+                    self.conn.send(("model", key, source))
+                    self.told.add(key)
+                self.conn.send(("load", key))
+        except (BrokenPipeError, OSError):
+            pass  # it has ended: its collector says so
+
     def drop(self, key, batch_id: int, indices: List[int]) -> None:
         """Asks the lane to drop sentences of a batch (their client has gone): it sends no
         result for them, and stops a search once every sentence it decodes is dropped."""
@@ -178,8 +190,8 @@ class _Tagged:
 
 
 class _Models:
-    """A lane's models by key, each with its own searches (_LaneSearches), loaded at their
-    first batch; the busy ones take steps in turn."""
+    """A lane's models by key, each with its own searches (_LaneSearches), loaded when the
+    server says so or at their first batch; the busy ones take steps in turn."""
 
     def __init__(self, conn):
         self.conn = conn
@@ -202,27 +214,36 @@ class _Models:
         elif kind == "drop":
             if key in self.lanes:
                 self.lanes[key].drop(_Tagged(self.conn, key), *message[2:])
+        elif kind == "load":
+            try:
+                self._loaded(key)
+            except Exception:  # noqa: BLE001 - its first batch loads it again, or says why
+                pass
         else:
             self._batch(key, *message[2:])
+
+    def _loaded(self, key) -> "_LaneSearches":
+        """The model's searches, the model loaded first if it is not yet."""
+        if key not in self.lanes:
+            source = self.sources[key]
+            self.lanes[key] = _LaneSearches(_load(source), Turns(source.head_start))
+            self.turn.append(key)
+        return self.lanes[key]
 
     def _batch(self, key, batch_id: int, tokens: List[List[str]], n_best: int,
                attention: bool) -> None:
         conn = _Tagged(self.conn, key)
-        if key not in self.lanes:
-            source = self.sources[key]
-            try:
-                translator = _load(source)
-            except Exception as err:  # noqa: BLE001 - the batch fails saying why
-                conn.send(("error", batch_id, f"the model did not load in a lane: "
-                                              f"{type(err).__name__}: {err}"))
-                return
-            self.lanes[key] = _LaneSearches(translator, Turns(source.head_start))
-            self.turn.append(key)
+        try:
+            searches = self._loaded(key)
+        except Exception as err:  # noqa: BLE001 - the batch fails saying why
+            conn.send(("error", batch_id, f"the model did not load in a lane: "
+                                          f"{type(err).__name__}: {err}"))
+            return
         order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))  # as translate.py
         ordered = [tokens[i] for i in order]
         with inference():
-            self.lanes[key].admit(conn, _Batch(batch_id, order, attention,
-                                               [len(t) for t in ordered]), ordered, n_best)
+            searches.admit(conn, _Batch(batch_id, order, attention,
+                                        [len(t) for t in ordered]), ordered, n_best)
 
     def step(self) -> None:
         """One turn of the next busy model."""

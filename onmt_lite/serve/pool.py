@@ -2,8 +2,8 @@
 
 One set of lanes (serve -lanes, one per core) decodes for every model: a model's Batcher keeps
 its own queue and scheduling, and sees each lane through a ModelLane, which holds the batches of
-that model the lane decodes. A lane loads a model at its first batch of it and frees it when the
-model is detached. A thread per lane reads its results and hands each to its model's Batcher.
+that model the lane decodes. Every lane loads a model as soon as it is attached (a new lane,
+every model attached) and frees it when the model is detached. A thread per lane reads its results and hands each to its model's Batcher.
 
 A lane that dies (killed, out of memory, crashed) is replaced after a back-off (RESTART_DELAY,
 doubled for each other lane that died within RESTART_WINDOW, at most MAX_RESTART_DELAY), and
@@ -94,6 +94,7 @@ class LanePool:
         peers = self.views[lane] = {}
         for key, (batcher, source) in self.models.items():
             peers[key] = ModelLane(lane, key, source, batcher, peers)
+            lane.preload(key, source)
         collector = threading.Thread(target=self._collect, args=(lane,), daemon=True)
         self.collectors.append(collector)
         collector.start()
@@ -111,6 +112,7 @@ class LanePool:
                 peers = self.views[lane]
                 peers[key] = ModelLane(lane, key, source, batcher, peers)
                 views.append(peers[key])
+                lane.preload(key, source)  # each lane loads it now, beside the others
         return key, views
 
     def detach(self, key) -> None:
