@@ -1,10 +1,11 @@
 """Lanes: the processes that decode the server's batches, outside its interpreter lock.
 
 Each lane is a process of one torch thread (started by spawn, not fork: the server has threads
-by then), shared by every model of the server: it loads a model as soon as the model loads
-(or at its first batch of it, where that load failed) (ModelSource: the translator the server wrote once to a file, mapped read-only, so that every
-lane maps the same pages; or, where the translator cannot be written, one built from the
-model's options) and frees it when the server unloads the model. It receives batches through a
+by then), shared by every model of the server: it loads a model as soon as the model loads, or
+at its first batch of it where that load failed (ModelSource: the translator the server wrote
+once to a file, mapped read-only, so that every lane maps the same pages; or, where the
+translator cannot be written, one built from the model's options), and frees it when the
+server unloads the model. It receives batches through a
 pipe and decodes each model's as one search (search/loop.py, a step generator that sentences
 join between steps): a batch that arrives while others of its model decode joins them at the
 next step, its rows beside theirs, each sentence at its own step, and each sentence leaves as

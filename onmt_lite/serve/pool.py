@@ -3,7 +3,8 @@
 One set of lanes (serve -lanes, one per core) decodes for every model: a model's Batcher keeps
 its own queue and scheduling, and sees each lane through a ModelLane, which holds the batches of
 that model the lane decodes. Every lane loads a model as soon as it is attached (a new lane,
-every model attached) and frees it when the model is detached. A thread per lane reads its results and hands each to its model's Batcher.
+every model attached) and frees it when the model is detached. A thread per lane reads its
+results and hands each to its model's Batcher.
 
 A lane that dies (killed, out of memory, crashed) is replaced after a back-off (RESTART_DELAY,
 doubled for each other lane that died within RESTART_WINDOW, at most MAX_RESTART_DELAY), and
