@@ -126,17 +126,12 @@ def _compiled(translator) -> list:
     {"beam_size": 5, "length_penalty": "wu", "alpha": 0.6, "max_length": 6},
     {"beam_size": 1},
     {"beam_size": 5, "fast": True, "precision": "fp32"},
-    {"beam_size": 5, "n_best": 2, "fast": True, "compile": True, "precision": "fp32"},
-    {"search": "ctranslate2", "beam_size": 4, "alpha": 0.2, "n_best": 2},
-    {"search": "ctranslate2", "beam_size": 4, "min_length": 4, "max_length": 7},
-    {"search": "ctranslate2", "beam_size": 4, "alpha": 0.0, "fast": True, "precision": "fp32"}],
-    ids=["n_best", "wu-max_length", "greedy", "fast", "compiled", "ct2", "ct2-min_length",
-         "ct2-alpha0-fast"])
+    {"beam_size": 5, "n_best": 2, "fast": True, "compile": True, "precision": "fp32"}],
+    ids=["n_best", "wu-max_length", "greedy", "fast", "compiled"])
 def test_sentences_that_join_a_running_search_translate_as_alone(options):
     """Sentences join between steps (1 to 3 a time, one at the first step): each decodes at its
     own positions, with its own step count, length penalty and limit, and gets the translation
-    and score it gets decoded alone, under OpenNMT-py's rule and CTranslate2's (its minimum
-    length counted per sentence). The fast step's layers and the compiled whole step take
+    and score it gets decoded alone. The fast step's layers and the compiled whole step take
     sentences too (their memory keys transposed, their source mask a bias; a lone sentence's
     steps, alone or once the others have ended, run through the masked layers)."""
     compiled = options.pop("compile", False)
@@ -363,24 +358,3 @@ def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
     alone = [t.output_lines() for t in translator.translate(DEMO[:2], batch_size=1)]
     assert [(m[1], m[3][0]) for m in messages if m[0] == "sentence"] == list(enumerate(alone))
     assert [m[:2] for m in messages if m[0] == "done"] == [("done", 0), ("done", 1)]
-
-
-def test_the_minimum_length_counts_each_joined_rows_own_steps():
-    """Two rows from the first step and two that joined at step 3, min_length 2: at step 4 only
-    the joined rows (their own step 2) still have </s> held back; the count follows reorders
-    and the rows that stay."""
-    from onmt_lite.search.processors import MinLength
-    rule = MinLength(2, eos=0, value=float("-inf"))
-    rule.join(rows=2, added=2, step=3)
-    assert rule.stateful
-    scores = torch.zeros(4, 3)
-    rule(scores, 4, None)
-    assert scores[:, 0].tolist() == [0.0, 0.0, float("-inf"), float("-inf")]
-    rule.advance([3, 2, 0, 0], [1, 1, 1, 1])  # row 0 now continues row 3 (joined at step 3)
-    rule.keep([0, 2])
-    scores = torch.zeros(2, 3)
-    rule(scores, 4, None)
-    assert scores[:, 0].tolist() == [float("-inf"), 0.0]
-    scores = torch.zeros(2, 3)
-    rule(scores, 5, None)  # the joined row's own step 3: </s> may come
-    assert scores[:, 0].tolist() == [0.0, 0.0]

@@ -40,7 +40,7 @@ class Search:
         its rule and processors take sentences at steps of their own."""
         return bool(getattr(self.rule, "joinable", False)) and isinstance(
             self.selection, TopK) and all(
-            p.step_free or p.joins for p in (*self.processors, *self.candidate_processors))
+            p.step_free for p in (*self.processors, *self.candidate_processors))
 
 
 def beam_search(model, src: torch.Tensor, src_len: torch.Tensor, search: Search, *,
@@ -104,8 +104,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
         if join:
             joining = yield "join",
             if joining is not None:
-                _join(model, rule, processors, paths, joining, step, keep_attention)
-                stateful = any(p.stateful for p in processors)
+                _join(model, rule, paths, joining, step, keep_attention)
             paths.trim()
         n, live = len(paths.live), paths.live
         # b. One decoder step for all live hypotheses.
@@ -271,16 +270,12 @@ def _padding(src: torch.Tensor, src_len: torch.Tensor, k: int) -> torch.Tensor:
             ).repeat_interleave(k, dim=0)
 
 
-def _join(model, rule, processors, paths: Paths, joining, step: int,
-          keep_attention: bool) -> None:
+def _join(model, rule, paths: Paths, joining, step: int, keep_attention: bool) -> None:
     """Sentences joining a search between steps: (src, src_len, each one's max_length)."""
     src, src_len, max_lengths = joining
     memory, _ = model.encode(src, src_len)
     model.decoder.join(src_len, memory, 1 if step == 1 else paths.k)  # step 1: one row each
     rule.join(_padding(src, src_len, paths.k), max_lengths, step)
-    for processor in processors:  # the step's scores have k rows a sentence, step 1 included
-        if processor.joins:
-            processor.join(paths.seqs.size(0), src.size(0) * paths.k, step)
     paths.join(src_len.tolist(), src.size(1), keep_attention)
 
 

@@ -17,7 +17,6 @@ NEG_INF = float("-inf")
 class Processor:
     stateful = False  # keeps per-row state: follows advance and keep
     step_free = False  # reads neither the step nor the history (rows may be at steps of their own)
-    joins = False  # takes rows that start at steps of their own (``join``)
 
     def __call__(self, scores: torch.Tensor, step: int, history: torch.Tensor) -> None:
         raise NotImplementedError
@@ -30,39 +29,14 @@ class Processor:
 
 
 class MinLength(Processor):
-    """``</s>`` gets ``value`` while fewer than ``min_length`` tokens precede it; once rows have
-    joined at steps of their own (``join``), each row's own count."""
-    joins = True
+    """``</s>`` gets ``value`` while fewer than ``min_length`` tokens precede it."""
 
     def __init__(self, min_length: int, eos: int, value: float):
         self.min_length, self.eos, self.value = min_length, eos, value
-        self.born = None  # (rows,) each row's first step, once some joined
-
-    @property
-    def stateful(self) -> bool:
-        return self.born is not None
-
-    def join(self, rows: int, added: int, step: int) -> None:
-        """``added`` rows after the ``rows`` there are, their first step ``step``."""
-        born = self.born if self.born is not None else torch.ones(rows, dtype=torch.long)
-        self.born = torch.cat([born, torch.full((added,), step, dtype=torch.long)])
 
     def __call__(self, scores, step, history):
-        if self.born is None:
-            if step <= self.min_length:
-                scores[:, self.eos] = self.value
-            return
-        early = self.born > step - self.min_length  # own step (step - born + 1) <= min_length
-        if bool(early.any()):
-            scores[early.to(scores.device), self.eos] = self.value
-
-    def advance(self, origins: Sequence[int], tokens: Sequence[int]) -> None:
-        if self.born is not None:
-            self.born = self.born[torch.tensor(origins, dtype=torch.long)]
-
-    def keep(self, rows: Sequence[int]) -> None:
-        if self.born is not None:
-            self.born = self.born[torch.tensor(rows, dtype=torch.long)]
+        if step <= self.min_length:
+            scores[:, self.eos] = self.value
 
 
 class BanToken(Processor):

@@ -41,34 +41,6 @@ class ReplaceFinished:
         self.running[:, 0] = 0.0  # the first step extends hypothesis 0 only
         self.top_ended = [False] * batch
         self.recorded: List[list] = [[] for _ in range(batch)]  # (score, tokens, attn)
-        self.born: Optional[List[int]] = None  # each sentence's first step, once some joined
-        self.max_lengths: List[int] = []  # each sentence's own limit, once some joined
-
-    @property
-    def joinable(self) -> bool:
-        """Sentences may join between steps (``join``): nothing here reads the batch as a
-        whole; forced target prefixes count their positions from the batch's first step."""
-        return self.prefixes is None
-
-    def join(self, padding: torch.Tensor, max_lengths: List[int], step: int) -> None:
-        """Sentences start at ``step`` (their own first) and end by their own ``max_lengths``."""
-        count = len(max_lengths)
-        if self.born is None:
-            self.born = [1] * self.running.size(0)
-            self.max_lengths = [self.max_length] * self.running.size(0)
-        self.born += [step] * count
-        self.max_lengths += list(max_lengths)
-        running = torch.full((count, self.k), float("-inf"), device=self.running.device)
-        running[:, 0] = 0.0
-        self.running = torch.cat([self.running, running])
-        self.top_ended += [False] * count
-        self.recorded += [[] for _ in range(count)]
-
-    def _last(self, step: int, n: int) -> List[bool]:
-        """Whether each sentence takes its last step (its own step count at its limit)."""
-        if self.born is None:
-            return [step >= self.max_length] * n
-        return [step - born + 1 >= limit for born, limit in zip(self.born, self.max_lengths)]
 
     def rank(self, log_probs: torch.Tensor, step: int, attn: torch.Tensor) -> torch.Tensor:
         return log_probs.add_(self.running.view(-1, 1))
@@ -95,16 +67,16 @@ class ReplaceFinished:
     def advance(self, values, rows, tokens, step, attn, path):
         n, width = values.shape
         k = self.k
-        lasts = self._last(step, n)
+        last = step >= self.max_length
         ends = tokens.eq(self.eos)
         if self.prefixes is not None:  # a prefix's own </s> ends nothing
             ends &= (self.prefix_lengths < step).unsqueeze(1)
         going_on = torch.arange(k, device=values.device).expand(n, k)
         done = {}
-        if any(lasts) or bool(ends[:, :k].any()):
+        if last or bool(ends[:, :k].any()):
             ends_l, scores = ends.tolist(), values.tolist()
             going = [list(range(k)) for _ in range(n)]
-            for i, last in enumerate(lasts):
+            for i in range(n):
                 if not last and not any(ends_l[i][:k]):
                     continue
                 spare = k  # the next candidate that may take a finished one's slot
@@ -139,6 +111,3 @@ class ReplaceFinished:
         kept = sentences.tolist()
         self.top_ended = [self.top_ended[i] for i in kept]
         self.recorded = [self.recorded[i] for i in kept]
-        if self.born is not None:
-            self.born = [self.born[i] for i in kept]
-            self.max_lengths = [self.max_lengths[i] for i in kept]
