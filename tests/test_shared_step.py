@@ -72,6 +72,24 @@ def test_batches_that_join_at_different_steps_translate_as_alone(beam_size, n_be
     assert max(rows) == 3  # the three batches' steps ran as one
 
 
+@pytest.mark.parametrize("options", [
+    {"fast": True, "precision": "fp32"},
+    {"fast": True, "precision": "fp32", "search": "ctranslate2", "alpha": 0.2}],
+    ids=["fast", "fast-ctranslate2"])
+def test_fast_layers_step_several_searches_as_one(options, monkeypatch):
+    """The fast layers' steps of several searches (CTranslate2's rule takes no sentences
+    between steps: each batch is a search of its own) run as one: their products take every
+    search's rows; each sentence's translation is the one its batch gets decoded alone."""
+    translator = build_translator({"model": MODEL, "beam_size": 4, "max_length_ratio": 0,
+                                   **options})
+    rows = []
+    joined = shared_step._fast_steps
+    monkeypatch.setattr(shared_step, "_fast_steps",
+                        lambda requests: rows.append(len(requests)) or joined(requests))
+    _same_as_alone(translator, [DEMO[:3], DEMO[3:4], DEMO[4:] + DEMO[:2]], joins=[0, 2, 4])
+    assert max(rows) == 3  # the three batches' steps ran as one
+
+
 @pytest.mark.skipif(not os.path.exists(RNN), reason="needs ../shared (the OpenNMT-py RNN fixture)")
 def test_decoders_that_cannot_join_step_one_after_the_other():
     translator = build_translator({"model": RNN, "beam_size": 5, "max_length_ratio": 0})

@@ -10,14 +10,16 @@ step, and their cost per row falls with the rows they take, so sentences that jo
 different times share them as if they had come together.
 
 Each row goes through the operations its decoder's own ``step`` applies (the same operations on
-more rows), so a sentence's translation is the one its batch gets decoded alone. Decoders this
-module cannot join (RNNs, ensembles, a compiled step) take their steps one after the other.
+more rows), so a sentence's translation is the one its batch gets decoded alone: the exact
+layers' operations, or the fast layers' (-fast, -int8). Decoders this module cannot join (RNNs,
+ensembles, a compiled step) take their steps one after the other.
 The search loop asks for these steps by yielding requests (search/loop.py, ``shared``).
 """
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from onmt_lite.models.fast import FastDecoderLayer
 from onmt_lite.models.model import NMTModel
 from onmt_lite.models.transformer import DecoderLayer, TransformerDecoder
 
@@ -42,7 +44,8 @@ def run_requests(requests: Sequence[Request]) -> list:
         if len(members) == 1:
             results[members[0]] = _alone(*requests[members[0]])
             continue
-        run = _transformer_steps if kind == "step" else _log_probs
+        run = {"step": _transformer_steps, "fast_step": _fast_steps,
+               "log_probs": _log_probs}[kind]
         for i, result in zip(members, run([requests[i][1:] for i in members])):
             results[i] = result
     return results
@@ -55,12 +58,62 @@ def _alone(kind: str, owner, x: torch.Tensor):
 def _together(kind: str, owner):
     """The key of the requests that run together with this one; None: it runs alone."""
     if kind == "step" and isinstance(owner, TransformerDecoder) \
-            and owner.compiled_step is None and not torch.is_grad_enabled() \
-            and all(type(layer) is DecoderLayer for layer in owner.layers):
-        return kind, id(owner.layers)
+            and owner.compiled_step is None and not torch.is_grad_enabled():
+        if all(type(layer) is DecoderLayer for layer in owner.layers):
+            return kind, id(owner.layers)
+        if all(type(layer) is FastDecoderLayer for layer in owner.layers):
+            return "fast_step", id(owner.layers)
     if kind == "log_probs" and type(owner) is NMTModel:  # log_softmax(generator(out))
         return kind, id(owner.generator)
     return None
+
+
+def _step_inputs(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor]]):
+    """The decoders, their rows' inputs side by side (R, 1, H), each one's self-attention mask
+    and row count; positions are checked before any cache is written."""
+    decoders, parts, masks = [decoder for decoder, _ in requests], [], []
+    for decoder, tokens in requests:
+        part, mask = decoder._inputs(tokens.unsqueeze(1), decoder.cache)
+        parts.append(part)
+        masks.append(mask)
+    return decoders, torch.cat(parts), masks, [part.size(0) for part in parts]
+
+
+def _step_outputs(decoders, x: torch.Tensor, attns: list, sizes: List[int]) -> list:
+    """Each decoder's (output, attention) of its rows of ``x``, its position advanced."""
+    results = []
+    for decoder, out, attn in zip(decoders, decoders[0].layer_norm(x).squeeze(1).split(sizes),
+                                  attns):
+        decoder._advance(1)
+        attn = attn[:, 0].reshape(out.size(0), -1)  # head 0 of the last layer, as forward's
+        results.append((decoder.cache.from_buffer(out), decoder.cache.from_buffer(attn)))
+    return results
+
+
+def _fast_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor]]):
+    """TransformerDecoder.step of decoders whose layers are FastDecoderLayers (-fast, -int8),
+    as FastDecoderLayer.forward makes it: its products on every decoder's rows at once."""
+    decoders, x, masks, sizes = _step_inputs(requests)
+    attns = None
+    for i, layer in enumerate(decoders[0].layers):
+        q, keys, values = layer.project(x)
+        contexts = []
+        for decoder, qq, kk, vv, mask in zip(decoders, q.split(sizes), keys.split(sizes),
+                                              values.split(sizes), masks):
+            kk, vv = decoder.cache.append(i, kk, vv)
+            contexts.append(layer.self_attn.merge_heads(layer.self_attention(qq, kk, vv, mask),
+                                                        qq.size(0), 1))
+        query, q = layer.between(torch.cat(contexts), x)
+        contexts, attns = [], []
+        for decoder, qq in zip(decoders, q.split(sizes)):
+            state = decoder.state
+            context, attn = layer.context_attention(
+                qq, state[f"memory_keys.{i}"], state[f"memory_values.{i}"], state["src_mask"],
+                decoder.group)
+            contexts.append(context)
+            attns.append(attn)
+        x = layer.finish(torch.cat(contexts), query)
+    return _step_outputs(decoders, x, attns, sizes)
 
 
 def _log_probs(requests: Sequence[Tuple[NMTModel, torch.Tensor]]) -> List[torch.Tensor]:
@@ -70,14 +123,7 @@ def _log_probs(requests: Sequence[Tuple[NMTModel, torch.Tensor]]) -> List[torch.
 
 def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor]]):
     """TransformerDecoder.step (its forward for one token a row), for several decoders."""
-    decoders = [decoder for decoder, _ in requests]
-    parts, masks = [], []
-    for decoder, tokens in requests:  # positions are checked before any cache is written
-        part, mask = decoder._inputs(tokens.unsqueeze(1), decoder.cache)
-        parts.append(part)
-        masks.append(mask)
-    sizes = [part.size(0) for part in parts]
-    x = torch.cat(parts)
+    decoders, x, masks, sizes = _step_inputs(requests)
     attns = None
     for i, layer in enumerate(decoders[0].layers):
         self_attn, context_attn = layer.self_attn, layer.context_attn
@@ -103,13 +149,7 @@ def _transformer_steps(requests: Sequence[Tuple[TransformerDecoder, torch.Tensor
             attns.append(attn)
         context = context_attn.final_linear(torch.cat(contexts))
         x = layer.feed_forward(layer.after(layer.layer_norm_2, layer.dropout(context) + query))
-    outs = decoders[0].layer_norm(x).squeeze(1).split(sizes)
-    results = []
-    for decoder, out, attn in zip(decoders, outs, attns):
-        decoder._advance(1)
-        attn = attn[:, 0].reshape(out.size(0), -1)  # head 0 of the last layer, as forward's
-        results.append((decoder.cache.from_buffer(out), decoder.cache.from_buffer(attn)))
-    return results
+    return _step_outputs(decoders, x, attns, sizes)
 
 
 class Searches:
