@@ -124,17 +124,17 @@ def test_mixed_keeps_the_output_layer_in_fp32(model_case, padded_batch):
         for_inference(copy.deepcopy(model), "cuda", precision="mixed")
 
 
-@pytest.mark.parametrize("amx, options, picked", [
+@pytest.mark.parametrize("units, options, picked", [
     (True, {"fast": True}, "mixed"),
-    (False, {"fast": True}, "fp32"),  # measured on AMX only
+    (False, {"fast": True}, "fp32"),  # bf16 products without bf16 units are slower
     (True, {}, "fp32"),  # exact decoding stays exact
     (True, {"fast": True, "int8": True}, "fp32"),
     (True, {"fast": True, "compile": True}, "mixed"),
     (True, {"compile": True}, "mixed"),
 ])
-def test_auto_picks_mixed_for_the_fast_path_on_amx(monkeypatch, amx, options, picked):
+def test_auto_picks_mixed_for_the_fast_path_on_bf16_units(monkeypatch, units, options, picked):
     from onmt_lite.models import inference as model_module
-    monkeypatch.setattr(model_module, "has_amx", lambda: amx)
+    monkeypatch.setattr(model_module, "has_bf16_units", lambda: units)
     flags = dict({"fast": False, "int8": False, "compile": False}, **options)
     assert model_module.pick_precision("auto", "cpu", **flags) == picked
     assert model_module.pick_precision("fp32", "cpu", **flags) == "fp32"

@@ -102,12 +102,6 @@ BFLOAT16_VERSIONS = {nn.Linear: Bfloat16Linear, nn.LSTMCell: Bfloat16LSTMCell,
                      nn.GRUCell: Bfloat16GRUCell}
 
 
-def has_amx() -> bool:
-    """Whether this CPU has AMX tiles (bf16 and int8 products; Intel Xeon since Sapphire
-    Rapids)."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-
-
 def has_bf16_units() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16)."""
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")

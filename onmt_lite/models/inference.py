@@ -10,7 +10,8 @@ a module of its own:
 - fast (fast.py, ``-fast``): the step rebuilt (fused products, folds), judged by BLEU.
 - compiled (compiled_step.py, aot.py, ``-compile`` where a C++ compiler is found): the fast
   step, the encoder and the output layer as AOTInductor programs.
-- bf16 (bfloat16.py, ``-precision``; ``auto`` picks it for the fast path on a CPU with AMX):
+- bf16 (bfloat16.py, ``-precision``; ``auto`` picks it for the fast path on a CPU with bf16
+  units, AMX or AVX-512 BF16):
   products in bf16, results in fp32.
 - int8 (int8.py, ``-int8``): dynamic int8 products.
 - shared (shared_step.py, the server's lanes): several searches' steps run as one.
@@ -27,7 +28,7 @@ from torch import nn
 
 from onmt_lite.errors import OptionError
 from onmt_lite.models import aot
-from onmt_lite.models.bfloat16 import has_amx, to_bfloat16
+from onmt_lite.models.bfloat16 import has_bf16_units, to_bfloat16
 from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.int8 import pick_engine, quantize, quantize_rows
@@ -77,13 +78,14 @@ class StepPlan:
 
 
 def pick_precision(precision: str, device: str, fast: bool, int8: bool, compile: bool) -> str:
-    """``-precision auto``: ``mixed`` for the fast path, compiled or not, on a CPU with AMX, where
-    it holds -fast's quality bar (BLEU within 0.1 of exact decoding, >= 98% of lines identical:
-    98.3%, 99.3% and 98.5% on the Transformer and RNN fixtures and the shipped model), else
-    fp32; any other value is kept."""
+    """``-precision auto``: ``mixed`` for the fast path, compiled or not, on a CPU with bf16
+    units (AMX, AVX-512 BF16), where it holds -fast's quality bar (BLEU within 0.1 of exact
+    decoding, >= 98% of lines identical: on AMX 98.3%, 99.3% and 98.5% on the Transformer and RNN
+    fixtures and the shipped model; on AVX-512 BF16, 98.5%, 99.3% and 99.2%), else fp32; any
+    other value is kept."""
     if precision != "auto":
         return precision
-    if (fast or compile) and not (int8 or device.startswith("cuda")) and has_amx():
+    if (fast or compile) and not (int8 or device.startswith("cuda")) and has_bf16_units():
         return "mixed"
     return "fp32"
 
