@@ -12,6 +12,8 @@ import sys
 import tempfile
 from typing import Optional, TextIO
 
+from onmt_lite.parent_watch import running
+
 
 class OutputError(ValueError):
     """An output path that cannot be written; the message names the path the user gave."""
@@ -102,7 +104,7 @@ def remove_stale_temporaries(target: str) -> None:
         return
     for entry in entries:
         match = pattern.fullmatch(entry.name)
-        if match is None or _running(int(match.group(1))):
+        if match is None or running(int(match.group(1))):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid == os.getuid() and entry.is_file(
@@ -112,14 +114,6 @@ def remove_stale_temporaries(target: str) -> None:
             pass
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class _Writer:

@@ -22,3 +22,14 @@ def end_with_parent(parent: int) -> None:
             time.sleep(POLL_SECONDS)
         os._exit(1)  # the run it served is gone: nothing of its own is left to finish
     threading.Thread(target=watch, daemon=True, name="onmt_lite-parent-watch").start()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: it cannot be signalled)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from onmt_lite.parent_watch import running
+
 logger = logging.getLogger("onmt_lite")
 
 PREFIX = "onmt_lite-weights-"
@@ -84,7 +86,7 @@ def _remove_stale() -> None:
         if not name.startswith(PREFIX):
             continue
         pid = name[len(PREFIX):].split("-")[0]
-        if not pid.isdigit() or _running(int(pid)):
+        if not pid.isdigit() or running(int(pid)):
             continue
         path = os.path.join(root, name)
         try:
@@ -92,13 +94,3 @@ def _remove_stale() -> None:
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:
             pass
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's
-        return True
-    return True
