@@ -17,6 +17,7 @@ import struct
 import pytest
 import torch
 from conftest import ROOT
+from test_search_ctranslate2 import assert_same
 
 from onmt_lite.checkpoint import CheckpointError, load_checkpoint
 from onmt_lite.ct2_format import read_model_bin
@@ -39,7 +40,6 @@ needs_fixtures = pytest.mark.skipif(
 OPTIONS = dict(beam_size="beam_size", num_hypotheses="n_best", length_penalty="alpha",
                min_decoding_length="min_length", max_decoding_length="max_length",
                replace_unknowns="replace_unk")
-SCORE_TOLERANCE = 1e-4
 
 
 def translate(model: str, lines, options: dict, batch_size: int = 32):
@@ -48,14 +48,6 @@ def translate(model: str, lines, options: dict, batch_size: int = 32):
     translator = build_translator({"model": model, "search": "ctranslate2", "precision": "fp32",
                                    **{OPTIONS[k]: v for k, v in options.items()}})
     return translator.translate(lines, batch_size=batch_size)
-
-
-def assert_same(results, expected):
-    assert len(results) == len(expected)
-    for number, (result, theirs) in enumerate(zip(results, expected), 1):
-        assert [" ".join(p) for p in result.preds] == [h for h, _ in theirs], number
-        assert result.scores == pytest.approx([s for _, s in theirs], abs=SCORE_TOLERANCE,
-                                               rel=2e-6), number
 
 
 CASES = [(model, case) for model in REF["models"] for case in REF["models"][model]["cases"]]

@@ -44,6 +44,8 @@ try:  # the peers environment
 except ImportError:
     ctranslate2 = None
 
+import make_ctranslate2  # noqa: E402  (beside this script: its run() records the cases)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.join(HERE, "..", "..", "..", "shared")
 TINY = os.path.join(HERE, "ct2_tiny")
@@ -71,16 +73,10 @@ WORDS = ("a man woman dog cat is riding walking on in the street park bike red b
 
 
 def run(folder, sources, cases, compute_type="float32"):
+    """make_ctranslate2.run's cases on the model in ``folder``, one thread."""
     translator = ctranslate2.Translator(folder, device="cpu", compute_type=compute_type,
                                         inter_threads=1, intra_threads=1)
-    out = {}
-    for name, options in cases.items():
-        results = translator.translate_batch(sources, max_batch_size=32, return_scores=True,
-                                             **options)
-        out[name] = {"options": options, "hypotheses": [
-            [[" ".join(h), round(s, 6)] for h, s in zip(r.hypotheses, r.scores)]
-            for r in results]}
-    return out
+    return make_ctranslate2.run(translator, sources, cases)
 
 
 def _fill(spec, rng: np.random.Generator, dim: int, ff: int, vocab: int) -> None:
