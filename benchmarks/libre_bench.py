@@ -25,40 +25,22 @@ import sacrebleu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHARED = os.path.join(ROOT, "..", "shared")
-
-
-def linked_twice(packages: str, work: str) -> str:
-    """A folder holding each package of ``packages`` twice (links): with fewer than two
-    packages installed, LibreTranslate's start-up downloads its package index and MiniSBD's
-    models, retrying for minutes offline; the second link only repeats a language pair."""
-    folder = os.path.join(work, "packages")
-    os.makedirs(folder)
-    for name in sorted(os.listdir(packages)):
-        path = os.path.join(packages, name)
-        if os.path.isdir(path):
-            os.symlink(path, os.path.join(folder, name))
-            os.symlink(path, os.path.join(folder, name + "-again"))
-    return folder
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+import make_libretranslate  # noqa: E402  (the reference script: how LibreTranslate is started)
 
 
 def start_libretranslate(venv: str, packages: str, port: int, work: str):
-    from serve_bench import wait_ready
-    env = dict(os.environ, ARGOS_INTER_THREADS="2", ARGOS_INTRA_THREADS="1")
-    process = subprocess.Popen(
-        ["bash", os.path.join(SHARED, "peers", "libretranslate-offline.sh"), venv,
-         linked_twice(packages, tempfile.mkdtemp(dir=work)), str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_ready(process, port, "/languages", timeout=300)
-    return process
+    """LibreTranslate as tests/reference/make_libretranslate.py starts it (offline, inter 2 x
+    intra 1, each package linked twice: with one package its start-up goes online)."""
+    return make_libretranslate.start_server(
+        venv, make_libretranslate.linked_twice(packages, tempfile.mkdtemp(dir=work)), port)
 
 
 def start_onmt_lite(packages: str, port: int):
     from serve_bench import wait_ready
     process = subprocess.Popen(
         [sys.executable, "-m", "onmt_lite", "serve", "-argos_packages", packages, "-port",
-         str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+         str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_ready(process, port, "/ready")
     return process
 
@@ -122,7 +104,7 @@ def one_server(start, args, lines, references) -> dict:
         bleu = sacrebleu.corpus_bleu(asyncio.run(answers(port, lines)), [references]).score
     finally:
         peak = memory.stop()
-        os.killpg(process.pid, 15)
+        process.terminate()
         process.wait()
     return {"32x1_sent_s": rate_32, "4x10_sent_s": rate_4x10,
             "1x1_median_ms": 1000 * statistics.median(latencies), "peak_rss_mib": peak,

@@ -385,24 +385,18 @@ def main(argv=None) -> None:
                 lines = [line.strip() for line in f if line.strip()]
         with tempfile.TemporaryDirectory() as work:
             results["libretranslate"] = libretranslate_rounds(args, lines, work)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args, results)
         return
     if args.compare:
         results["compare"] = {"other": args.compare, "rows": compare(args, lines, settings)}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args, results)
         return
     if args.headline:
         if not args.peers:
             p.error("-headline needs -peers (OpenNMT-py's server)")
         with tempfile.TemporaryDirectory() as work:
             results["headline"] = headline(args, lines, work)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args, results)
         return
     with tempfile.TemporaryDirectory() as work:
         results["command_line_sentences_per_s"] = command_line_rate(args, lines, work)
@@ -462,6 +456,10 @@ def main(argv=None) -> None:
         print(f"mixed load ({m['long_clients']} clients of 10 long sentences): short requests "
               f"p50 {m['short_busy_p50_ms']:.0f} ms, p99 {m['short_busy_p99_ms']:.0f} ms; idle p50 "
               f"{m['short_idle_p50_ms']:.0f} ms, p99 {m['short_idle_p99_ms']:.0f} ms")
+    write_json(args, results)
+
+
+def write_json(args, results: dict) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
