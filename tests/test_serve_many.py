@@ -137,3 +137,29 @@ def test_a_lane_that_dies_with_two_models_on_it_is_replaced_for_both():
         metrics = c.get("/metrics").text
         assert 'onmt_lite_lane_restarts_total{model="0"} 1.0' in metrics
         assert 'onmt_lite_lane_restarts_total{model="1"} 1.0' in metrics
+
+
+def test_a_lane_loads_a_model_when_told_not_at_its_first_batch(tmp_path):
+    """A lane told to load a model ("load", after its source) holds it before any batch; a
+    load that fails says nothing then, and the model's first batch fails naming why."""
+    from conftest import tiny_checkpoint
+
+    from onmt_lite.serve.lanes import ModelSource, _Models
+
+    class Pipe:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, message):
+            self.sent.append(message)
+    pipe = Pipe()
+    models = _Models(pipe)
+    models.receive(("model", "a", ModelSource({"model": tiny_checkpoint(tmp_path / "a.pt")})))
+    models.receive(("load", "a"))
+    assert list(models.lanes) == ["a"] and pipe.sent == []
+    models.receive(("model", "b", ModelSource({"model": str(tmp_path / "absent.pt")})))
+    models.receive(("load", "b"))
+    assert list(models.lanes) == ["a"] and pipe.sent == []
+    models.receive(("batch", "b", 7, [["a", "b"]], 1, False))
+    assert pipe.sent[0][:3] == ("error", "b", 7)
+    assert "the model did not load in a lane" in pipe.sent[0][3]
