@@ -3,73 +3,27 @@
 Only the weight matrices are stored in bf16: products then run on the CPU's bf16 units (AMX,
 AVX-512 BF16), several times faster than fp32 ones. Everything else (activations between
 layers, biases, softmax, layer norm, the LSTM cell state, the search's scores) stays fp32, so the
-only loss is the rounding of each product's inputs and output to bf16.
+only loss is the rounding of each product's inputs and output to bf16. The products run through
+oneDNN (onednn.py).
 """
 import logging
-from typing import Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, Tuple, Union
 
 import torch
 from torch import nn
 
+from onmt_lite.models.onednn import OneDNNLinear, fp32_bias, pack, product
 from onmt_lite.models.rnn import gru_update, lstm_update
 
 logger = logging.getLogger("onmt_lite")
 
-# oneDNN compiles and keeps a kernel for every shape it meets (~0.3 MiB and 1-4 ms each):
-# products run on blocks of at most MAX_ROWS rows, padded to a multiple of ROW_MULTIPLE, so
-# that a whole input meets only a few shapes.
-ROW_MULTIPLE = 32
-MAX_ROWS = 256
-
 
 def _bf16(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in bf16, in oneDNN's blocked layout where this torch build offers it: made
-    once instead of at every product (1.1-1.9x faster products, the same results)."""
-    weight = weight.detach().to(torch.bfloat16)
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, ROW_MULTIPLE)
-    except (AttributeError, RuntimeError):
-        return weight
+    return pack(weight, torch.bfloat16)
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    return nn.functional.linear(x, weight)
-
-
-def _fp32(bias: Optional[torch.Tensor]) -> Optional[nn.Parameter]:
-    return None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-
-
-def _product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
-    """x (..., in) fp32 times weight (out, in) bf16, in bf16; returns fp32 (..., out)."""
-    blocks = [_block_product(b, weight) for b in x.reshape(-1, x.size(-1)).split(MAX_ROWS)]
-    out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-    out = out.view(*x.shape[:-1], out.size(-1))
-    return out if bias is None else out + bias
-
-
-def _block_product(flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(rows, in) fp32, rows <= MAX_ROWS, padded to a multiple of ROW_MULTIPLE for the product."""
-    rows = flat.size(0)
-    if rows % ROW_MULTIPLE:
-        padded = flat.new_empty((-(-rows // ROW_MULTIPLE) * ROW_MULTIPLE, flat.size(1)),
-                                dtype=torch.bfloat16)
-        padded[:rows] = flat
-        padded[rows:] = 0
-    else:
-        padded = flat.to(torch.bfloat16)
-    return _linear(padded, weight)[:rows].float()
-
-
-class Bfloat16Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.weight, self.bias = _bf16(linear.weight), _fp32(linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _product(x, self.weight, self.bias)
+class Bfloat16Linear(OneDNNLinear):
+    dtype = torch.bfloat16
 
 
 class Bfloat16LSTMCell(nn.Module):
@@ -78,11 +32,11 @@ class Bfloat16LSTMCell(nn.Module):
     def __init__(self, cell: nn.LSTMCell):
         super().__init__()
         self.weight = _bf16(torch.cat([cell.weight_ih, cell.weight_hh], dim=1))
-        self.bias = _fp32(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
+        self.bias = fp32_bias(None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh)
 
     def forward(self, x: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]):
         hidden, cell = state
-        return lstm_update(_product(torch.cat([x, hidden], dim=1), self.weight, self.bias), cell)
+        return lstm_update(product(torch.cat([x, hidden], dim=1), self.weight, self.bias), cell)
 
 
 class Bfloat16GRUCell(nn.Module):
@@ -91,11 +45,11 @@ class Bfloat16GRUCell(nn.Module):
     def __init__(self, cell: nn.GRUCell):
         super().__init__()
         self.weight_ih, self.weight_hh = _bf16(cell.weight_ih), _bf16(cell.weight_hh)
-        self.bias_ih, self.bias_hh = _fp32(cell.bias_ih), _fp32(cell.bias_hh)
+        self.bias_ih, self.bias_hh = fp32_bias(cell.bias_ih), fp32_bias(cell.bias_hh)
 
     def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return gru_update(_product(x, self.weight_ih, self.bias_ih),
-                          _product(hidden, self.weight_hh, self.bias_hh), hidden)
+        return gru_update(product(x, self.weight_ih, self.bias_ih),
+                          product(hidden, self.weight_hh, self.bias_hh), hidden)
 
 
 BFLOAT16_VERSIONS = {nn.Linear: Bfloat16Linear, nn.LSTMCell: Bfloat16LSTMCell,

@@ -41,6 +41,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention, masked_bias
+from onmt_lite.models.onednn import OneDNNLinear
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import (
     DecoderLayer,
@@ -74,9 +75,9 @@ def product(linear: nn.Module, x: torch.Tensor, relu: bool = False,
             bf16: bool = False) -> torch.Tensor:
     """``linear(x)`` (then relu) without the module call: 10-15 us less a product at a step's
     few rows (F.linear on an nn.Linear's weights, torch's int8 op on a -int8 layer's packed
-    weights, with the relu inside it). ``bf16``: the product of x and the weight rounded to
-    bf16, its result and the bias in fp32, as Bfloat16Linear makes it (in the compiled step,
-    where the weight's rounding is folded into a constant)."""
+    weights and oneDNN's on a OneDNNLinear's, with the relu inside them). ``bf16``: the product
+    of x and the weight rounded to bf16, its result and the bias in fp32, as Bfloat16Linear makes
+    it (in the compiled step, where the weight's rounding is folded into a constant)."""
     kind = type(linear)
     if bf16 and kind is nn.Linear:
         out = nn.functional.linear(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16))
@@ -85,6 +86,8 @@ def product(linear: nn.Module, x: torch.Tensor, relu: bool = False,
     if kind is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
         return (INT8_LINEAR_RELU if relu else INT8_LINEAR)(
             x, linear._packed_params._packed_params, True)
+    if issubclass(kind, OneDNNLinear):  # bf16 or fp32 weights, the relu inside the product
+        return linear.forward(x, relu)
     out = nn.functional.linear(x, linear.weight, linear.bias) if kind is nn.Linear else linear(x)
     return torch.relu_(out) if relu else out
 

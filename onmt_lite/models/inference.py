@@ -14,6 +14,7 @@ a module of its own:
   units, AMX or AVX-512 BF16):
   products in bf16, results in fp32.
 - int8 (int8.py, ``-int8``): dynamic int8 products.
+- oneDNN (onednn.py): the fast path's fp32 products, on a CPU where MKL's are slow.
 - shared (shared_step.py, the server's lanes): several searches' steps run as one.
 
 ``plan_step`` turns the options and the CPU into a ``StepPlan`` (refusing what cannot run
@@ -33,6 +34,7 @@ from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.int8 import pick_engine, quantize, quantize_rows
 from onmt_lite.models.model import NMTModel
+from onmt_lite.models.onednn import mkl_is_slow, to_onednn
 from onmt_lite.models.state import StateFn
 from onmt_lite.models.transformer import TransformerDecoder
 
@@ -71,6 +73,7 @@ class StepPlan:
     compiled: bool = False  # the step, encoder and output layer as programs
     int8_engine: Optional[str] = None  # -int8_engine (int8.pick_engine), or None: no int8
     int8_rows: bool = False  # int8 weights with one scale per output row (int8.quantize_rows)
+    onednn: bool = False  # the fast path's fp32 products through oneDNN (onednn.mkl_is_slow)
 
     @property
     def bf16(self) -> bool:
@@ -117,15 +120,16 @@ def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
         logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
         compile = False
     return StepPlan(device, precision, fast, compile, int8_engine if int8 else None,
-                    int8 and int8_rows)
+                    int8 and int8_rows, onednn=fast and not on_gpu and mkl_is_slow())
 
 
 def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTModel:
     """Moves ``model`` to the plan's device in eval mode and puts its step on the plan's variant:
     the fast layers, compiled where a compiler is found (programs built at the first batch, see
     build.warm_up), bf16 products (``bf16`` every product, ``mixed`` those of the encoder and
-    decoder layers, the output layer's in fp32), int8 products last (the fast layers are
-    quantised too). Searches keep their scores in fp32."""
+    decoder layers, the output layer's in fp32), int8 products (the fast layers are quantised
+    too), then the fp32 products left through oneDNN where MKL's are slow. Searches keep their
+    scores in fp32."""
     on_gpu = plan.device.startswith("cuda")
     model = model.to(device=plan.device,
                      dtype=PRECISIONS[plan.precision] if on_gpu else None).eval()
@@ -137,10 +141,8 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
             model.decoder.compiled_step = CompiledStep(model.decoder, build, plan.bf16)
             model.compiled_encoder = compile_encoder(model.encoder, build, plan.bf16)
     if plan.bf16:  # compiled programs make their own bf16 products
-        compiled = [model.decoder] if compiled_step(model) is not None else []
-        compiled += [model.encoder] if model.compiled_encoder is not None else []
         to_bfloat16(model if plan.precision == "bf16" else [model.encoder, model.decoder],
-                    skip=compiled)
+                    skip=_compiled_parts(model))
     if plan.int8_engine is not None:
         layers = {nn.Linear, nn.LSTMCell, nn.GRUCell, nn.LSTM, nn.GRU} if plan.fast \
             else {nn.Linear}
@@ -151,7 +153,16 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
     step = compiled_step(model)
     if step is not None and type(model.generator) is nn.Linear:  # fp32: not -precision bf16
         model.compiled_output = CompiledOutput(model.generator, step.build)
+    if plan.onednn:  # what is left in fp32 (all of it, or the output layer of mixed; a
+        # compiled output keeps its own, faster than these products and a log-softmax)
+        to_onednn(model, skip=_compiled_parts(model))
     return model
+
+
+def _compiled_parts(model: NMTModel) -> list:
+    """The encoder and decoder whose programs are made from their fp32 modules."""
+    compiled = [model.decoder] if compiled_step(model) is not None else []
+    return compiled + ([model.encoder] if model.compiled_encoder is not None else [])
 
 
 def for_inference(model: NMTModel, device: str, int8: bool = False,
