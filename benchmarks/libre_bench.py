@@ -7,13 +7,15 @@ ARGOS_INTER_THREADS=2 ARGOS_INTRA_THREADS=1; onmt_lite runs ``onmt_lite serve -a
 DIR`` with no other flag. One server at a time, the first of each round alternating. Each round
 measures, after a warm-up: 32 clients of one sentence and 4 clients of ten (sentences/s, closed
 loops), one client's latency (the median of ``-latency_requests`` one-sentence requests), the
-peak resident memory of the server's process tree (sampled every 50 ms), and the BLEU of its
+peak memory of the server's process tree (PeakMemory: resident, summed over its processes, and
+proportional, each shared page counted once), and the BLEU of its
 answers on the test set (4 clients of ten sentences over the whole set, sacrebleu against
 ``-ref``). Reported: each measure's median over the rounds and the median of the rounds'
 ratios (onmt_lite / LibreTranslate).
 """
 import asyncio
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,26 +48,44 @@ def start_onmt_lite(packages: str, port: int):
 
 
 class PeakMemory:
-    """The largest resident memory of a process tree, sampled every 50 ms in a thread."""
+    """The largest memory of a process tree, sampled in a thread: its resident memory summed
+    over the processes every 50 ms (pages shared by several processes, the torch library and
+    the lanes' mapped weights, count once in each), and its proportional set size every
+    PSS_SECONDS (each shared page divided among its sharers: what the tree holds).
+    smaps_rollup walks every page table, too slow to read every 50 ms."""
+    PSS_SECONDS = 1.0
 
     def __init__(self, pid: int):
-        self.pid, self.peak, self.running = pid, 0.0, True
+        self.pid, self.peak, self.peak_pss, self.running = pid, 0.0, 0.0, True
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
     def _sample(self):
         from serve_bench import rss_mib
+        last_pss = 0.0
         while self.running:
             try:
                 self.peak = max(self.peak, rss_mib(self.pid))
+                if time.monotonic() - last_pss >= self.PSS_SECONDS:
+                    last_pss = time.monotonic()
+                    self.peak_pss = max(self.peak_pss, pss_mib(self.pid))
             except (OSError, AttributeError):
                 pass
             time.sleep(0.05)
 
-    def stop(self) -> float:
+    def stop(self) -> tuple:
+        """(peak resident MiB, peak proportional MiB)."""
         self.running = False
         self.thread.join()
-        return self.peak
+        return self.peak, self.peak_pss
+
+
+def pss_mib(pid: int) -> float:
+    """The proportional set size of process ``pid`` and its children, MiB."""
+    from serve_bench import children
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        total = int(re.search(r"^Pss:\s+(\d+)", f.read(), re.M).group(1)) / 1024
+    return total + sum(pss_mib(child) for child in children(pid))
 
 
 async def answers(port: int, lines, clients: int = 4, per_request: int = 10):
@@ -103,12 +123,12 @@ def one_server(start, args, lines, references) -> dict:
                                                args.latency_requests))
         bleu = sacrebleu.corpus_bleu(asyncio.run(answers(port, lines)), [references]).score
     finally:
-        peak = memory.stop()
+        peak, peak_pss = memory.stop()
         process.terminate()
         process.wait()
     return {"32x1_sent_s": rate_32, "4x10_sent_s": rate_4x10,
             "1x1_median_ms": 1000 * statistics.median(latencies), "peak_rss_mib": peak,
-            "bleu": bleu}
+            "peak_pss_mib": peak_pss, "bleu": bleu}
 
 
 def libretranslate_rounds(args, lines, work: str) -> dict:

@@ -23,9 +23,7 @@ decoding thread.
 """
 import collections
 import copy
-import ctypes
 import dataclasses
-import gc
 import multiprocessing
 import os
 import signal
@@ -47,6 +45,7 @@ from onmt_lite.serve.turns import (  # noqa: F401 - FEW_AHEAD, _Chunk: the tests
     _Search,
     short_beside,
 )
+from onmt_lite.serve.weights import free_memory
 
 # Source tokens that start decoding in a lane at one step: encoding them pauses its other
 # sentences (128 tokens, four long sentences: ~10 ms on one thread, the Transformer fixture).
@@ -211,7 +210,7 @@ class _Models:
             self.sources.pop(key, None)
             if self.lanes.pop(key, None) is not None:
                 self.turn.remove(key)
-                _free_memory()
+                free_memory()  # its mapped weights go with their last tensor
         elif kind == "drop":
             if key in self.lanes:
                 self.lanes[key].drop(_Tagged(self.conn, key), *message[2:])
@@ -265,16 +264,6 @@ def _load(source: ModelSource):
         return torch.load(source.weights, mmap=True, weights_only=False)
     from onmt_lite.translate.build import build_translator  # in the child: after threads
     return build_translator(source.options)
-
-
-def _free_memory() -> None:
-    """Gives the memory of an unloaded model back to the system (its mapped weights go with
-    their last tensor; what the allocator keeps of its searches, through malloc_trim)."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 class _LaneSearches:

@@ -23,7 +23,7 @@ from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.limits import MIB, LimitError, SearchLimits, SearchShape, model_memory
 from onmt_lite.serve.metrics import Metrics
 from onmt_lite.serve.pool import LanePool
-from onmt_lite.serve.weights import WeightFiles, remove, weights_bytes
+from onmt_lite.serve.weights import WeightFiles, free_memory, remove, weights_bytes
 from onmt_lite.translate.build import build_translator
 from onmt_lite.translate.flags import build_parser
 
@@ -99,6 +99,8 @@ class Residency:
         path = None if options.get("compile") else self.weights.write(
             translator, f"model{model.id}")
         translator.model = None  # the lanes decode, each mapping the file
+        if path is not None:
+            free_memory()
         memory = model_memory(weights, self.lanes, path is not None)
         try:
             with self.lock:
