@@ -256,7 +256,7 @@ def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_voc
     layer = model.decoder.layers[0]
     assert isinstance(layer, fast.FastDecoderLayer)
     assert model.decoder.compiled_step is None
-    assert type(layer.qkv) is fast.DynamicQuantizedLinear
+    assert isinstance(layer.qkv, fast.DynamicQuantizedLinear)
 
 
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):

@@ -41,6 +41,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from onmt_lite.constants import MASKED_LOGIT
 from onmt_lite.models.attention import GlobalAttention, masked_bias
+from onmt_lite.models.int8 import INT8_LINEAR, INT8_LINEAR_RELU
 from onmt_lite.models.onednn import OneDNNLinear
 from onmt_lite.models.rnn import InputFeedRNNDecoder, gru_update, lstm_update
 from onmt_lite.models.transformer import (
@@ -65,12 +66,6 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> nn.Lin
     return linear
 
 
-# torch's int8 products as their C++ functions: the torch.ops entry point spends ~12 us a call
-# looking for the stand-in arguments that only torch.compile's tracing passes
-INT8_LINEAR, INT8_LINEAR_RELU = (getattr(op, "_op", op) for op in (
-    torch.ops.quantized.linear_dynamic, torch.ops.quantized.linear_relu_dynamic))
-
-
 def product(linear: nn.Module, x: torch.Tensor, relu: bool = False,
             bf16: bool = False) -> torch.Tensor:
     """``linear(x)`` (then relu) without the module call: 10-15 us less a product at a step's
@@ -83,7 +78,7 @@ def product(linear: nn.Module, x: torch.Tensor, relu: bool = False,
         out = nn.functional.linear(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16))
         out = out.float() if linear.bias is None else out.float() + linear.bias
         return torch.relu(out) if relu else out
-    if kind is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
+    if issubclass(kind, DynamicQuantizedLinear) and linear._packed_params.dtype == torch.qint8:
         return (INT8_LINEAR_RELU if relu else INT8_LINEAR)(
             x, linear._packed_params._packed_params, True)
     if issubclass(kind, OneDNNLinear):  # bf16 or fp32 weights, the relu inside the product

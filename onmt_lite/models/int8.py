@@ -22,6 +22,7 @@ import warnings
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+from torch.ao.quantization.quantization_mappings import get_default_dynamic_quant_module_mappings
 
 from onmt_lite.errors import OptionError
 
@@ -56,13 +57,31 @@ def packing_for(engine: str):
         torch.backends.quantized.engine = before
 
 
+# torch's int8 products as their C++ functions: the torch.ops entry point spends ~12 us a call
+# looking for the stand-in arguments that only torch.compile's tracing passes
+INT8_LINEAR, INT8_LINEAR_RELU = (getattr(op, "_op", op) for op in (
+    torch.ops.quantized.linear_dynamic, torch.ops.quantized.linear_relu_dynamic))
+
+
+class Int8Linear(DynamicQuantizedLinear):
+    """torch's dynamic int8 Linear with its product called as its C++ function (see INT8_LINEAR),
+    as a module too: the encoder's layers and the memory's projections call their products as
+    modules."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed_params.dtype != torch.qint8:
+            return super().forward(x)
+        return INT8_LINEAR(x, self._packed_params._packed_params, True)  # reduce_range, as torch
+
+
 def quantize(model: nn.Module, layers: set, engine: str = "auto") -> nn.Module:
-    """``model`` with its ``layers`` (module types) replaced in place by dynamic int8 ones,
-    packed for ``pick_engine(engine)``."""
+    """``model`` with its ``layers`` (module types) replaced in place by dynamic int8 ones
+    (nn.Linear by Int8Linear), packed for ``pick_engine(engine)``."""
+    mapping = {**get_default_dynamic_quant_module_mappings(), nn.Linear: Int8Linear}
     with warnings.catch_warnings(), packing_for(pick_engine(engine)):
         warnings.simplefilter("ignore")  # torch flags its quantised tensor types as legacy
         return torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8,
-                                                      inplace=True)
+                                                      mapping=mapping, inplace=True)
 
 
 def quantize_rows(model: nn.Module, engine: str = "auto") -> nn.Module:
@@ -80,13 +99,13 @@ def quantize_rows(model: nn.Module, engine: str = "auto") -> nn.Module:
     return model
 
 
-def _row_quantized(linear: nn.Linear) -> DynamicQuantizedLinear:
+def _row_quantized(linear: nn.Linear) -> Int8Linear:
     weight = linear.weight.detach().float()
     largest = weight.abs().amax(dim=1)
     scales = torch.where(largest > 0, largest / 127, torch.ones_like(largest)).double()
     rows = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long),
                                       0, torch.qint8)
-    quantized = DynamicQuantizedLinear(linear.in_features, linear.out_features,
-                                       bias_=linear.bias is not None, dtype=torch.qint8)
+    quantized = Int8Linear(linear.in_features, linear.out_features,
+                           bias_=linear.bias is not None, dtype=torch.qint8)
     quantized.set_weight_bias(rows, None if linear.bias is None else linear.bias.detach().float())
     return quantized
