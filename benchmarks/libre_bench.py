@@ -14,6 +14,7 @@ answers on the test set (4 clients of ten sentences over the whole set, sacreble
 ratios (onmt_lite / LibreTranslate).
 """
 import asyncio
+import json
 import os
 import re
 import statistics
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import sacrebleu
 
@@ -156,4 +158,38 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
     for k in keys:
         print(f"{k:<16}{result['median']['onmt_lite'][k]:>12.1f}"
               f"{result['median']['LibreTranslate'][k]:>16.1f}{result['median_ratio'][k]:>8.2f}")
+    return result
+
+
+def first_answers(packages: str, runs: int) -> dict:
+    """-first_answer N: the seconds from launching ``onmt_lite serve -argos_packages DIR`` to
+    its first answer of /translate (one sentence), N launches; median, min, max."""
+    from serve_bench import free_port
+    body = json.dumps({"q": "A dog runs.", "source": "en", "target": "de"}).encode()
+    times = []
+    for _ in range(runs):
+        port, start = free_port(), time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "onmt_lite", "serve", "-argos_packages", packages, "-port",
+             str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while process.poll() is None:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", body,
+                                                 {"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:  # not listening yet, or 503 while the model loads
+                    time.sleep(0.02)
+            else:
+                raise RuntimeError(f"the server exited ({process.returncode})")
+            times.append(time.perf_counter() - start)
+        finally:
+            process.terminate()
+            process.wait()
+    result = {"runs": runs, "median_s": statistics.median(times), "min_s": min(times),
+              "max_s": max(times)}
+    print(f"first answer: {result['median_s']:.2f} s ({result['min_s']:.2f}-"
+          f"{result['max_s']:.2f}), {runs} launches")
     return result

@@ -24,7 +24,8 @@ headline()): translate.py's rate with batches of 16 over its default rate, times
 the CPU time the HTTP side leaves the lanes.
 
 ``-libretranslate VENV -argos_packages DIR -rounds N`` measures onmt_lite's server against
-LibreTranslate on the same Argos package (libre_bench.py).
+LibreTranslate on the same Argos package (libre_bench.py); ``-first_answer N -argos_packages DIR``
+times N launches of the server to their first answer.
 
 ``-compare DIR -rounds N`` measures only the closed-loop settings, against a server started from
 another checkout of onmt_lite (an older commit: ``git worktree add DIR REV``), the two started
@@ -370,6 +371,9 @@ def main(argv=None) -> None:
                    help="with -libretranslate: the reference of the raw -src, for BLEU")
     p.add_argument("-latency_requests", type=int, default=100,
                    help="with -libretranslate: one client's one-sentence requests")
+    p.add_argument("-first_answer", type=int, default=0, metavar="N",
+                   help="instead: N launches of serve -argos_packages, each timed to its "
+                        "first answer")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     with open(args.src, encoding="utf-8") as f:
@@ -377,6 +381,11 @@ def main(argv=None) -> None:
     results = {"cpu": cpu(), "model": os.path.basename(args.model), "beam_size": args.beam_size,
                "decoding": args.decoding, "rows": []}
     settings = [(c, n) for n in args.per_request for c in args.clients]
+    if args.first_answer:
+        from libre_bench import first_answers
+        results["first_answer"] = first_answers(args.argos_packages, args.first_answer)
+        write_json(args, results)
+        return
     if args.libretranslate:  # raw text: the packages read it through their sentencepiece
         from libre_bench import libretranslate_rounds
         if args.src.endswith(".lc.tok.en"):

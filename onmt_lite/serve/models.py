@@ -88,8 +88,36 @@ class Residency:
         self.lanes, self.max_memory, self.models = lanes, max_memory, models
         self.metrics = metrics
         self.pool: Optional[LanePool] = None
+        self.starting: Optional[threading.Thread] = None  # start_lanes
         self.weights = WeightFiles()
         self.lock = threading.Lock()  # one model makes room and starts at a time
+
+    def start_lanes(self) -> None:
+        """Starts the lanes in a thread while the first models load: their start (~1.2 s, an
+        interpreter and torch each) then overlaps the loading instead of following it. A lane
+        that fails to start here is started again, and its error reported, by the first
+        model's serve."""
+        if self.pool is None and self.starting is None:
+            self.starting = threading.Thread(target=self._start_pool, daemon=True,
+                                             name="onmt_lite-lanes")
+            self.starting.start()
+
+    def _start_pool(self) -> None:
+        try:
+            pool = LanePool(self.lanes)
+        except Exception as err:  # noqa: BLE001 - serve starts them again and says why
+            logger.debug("the lanes did not start ahead of the models: %s", err)
+            return
+        with self.lock:
+            if self.pool is None:
+                self.pool = pool
+                return
+        pool.stop()
+
+    def _started(self) -> None:
+        """Waits for start_lanes' thread, if any."""
+        if self.starting is not None:
+            self.starting.join()
 
     def serve(self, model: "ServedModel", options: dict, translator) -> tuple:
         """A Batcher for ``model`` on the server's lanes, its weights shared through a file
@@ -102,6 +130,7 @@ class Residency:
         if path is not None:
             free_memory()
         memory = model_memory(weights, self.lanes, path is not None)
+        self._started()
         try:
             with self.lock:
                 self._make_room(model, memory)
@@ -144,6 +173,7 @@ class Residency:
                            self.max_memory)
 
     def stop(self) -> None:
+        self._started()
         if self.pool is not None:
             self.pool.stop()
             self.pool = None
@@ -367,6 +397,8 @@ class Registry:
         return sum(model.queued() for model in self.models.values())
 
     def load_at_start(self) -> None:
+        if any(model.spec.load for model in self.models.values()):
+            self.host.start_lanes()
         for model in self.models.values():
             if model.spec.load:
                 model.load()

@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Deque, Dict, List
 
 from onmt_lite.serve.lanes import Lane, LaneError, ModelSource
@@ -65,6 +66,20 @@ class ModelLane:
         return not any(view.active for view in list(self.peers.values()))
 
 
+def _start_lanes(count: int) -> List[Lane]:
+    """``count`` lanes started side by side (each ~1.2 s: an interpreter and torch); raises the
+    first LaneError once the others have stopped."""
+    with ThreadPoolExecutor(max(count, 1), thread_name_prefix="onmt_lite-lane-start") as pool:
+        futures = [pool.submit(Lane) for _ in range(count)]
+    lanes = [f.result() for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for lane in lanes:
+            lane.stop()
+        raise failed[0]
+    return lanes
+
+
 class LanePool:
     """``lanes`` lane processes that decode for every model attached. Raises LaneError when a
     lane does not start."""
@@ -80,13 +95,10 @@ class LanePool:
         self.collectors: List[threading.Thread] = []
         self.stopping = False
         self.stopped = threading.Event()  # wakes restarts waiting out their back-off
-        try:
-            for _ in range(lanes):
-                with self.lock:
-                    self._add(Lane())
-        except LaneError:
-            self.stop()
-            raise
+        started = _start_lanes(lanes)  # side by side: each starts an interpreter and torch
+        with self.lock:
+            for lane in started:
+                self._add(lane)
 
     def _add(self, lane: Lane) -> List[ModelLane]:
         """Serves ``lane`` (called locked): a thread collects its results; the views of it
