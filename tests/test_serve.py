@@ -541,3 +541,23 @@ def test_serve_takes_translate_options_given_even_at_their_default(tmp_path):
     with pytest.raises(SystemExit) as stop:
         _specs(args, rest)
     assert stop.value.code == 2
+
+
+@pytest.mark.parametrize("given,joinable,batches", [(0, True, 4), (0, False, 1), (3, False, 3),
+                                                    (2, True, 2)])
+def test_a_lane_takes_one_batch_at_a_time_where_searches_do_not_join(given, joinable, batches):
+    """-max_batches 0 (the default): four batches a lane where they join one search, one where
+    each batch is a search of its own (CTranslate2's rule); a value given is kept."""
+    from types import SimpleNamespace
+    pool = SimpleNamespace(attach=lambda batcher, source: (0, []))
+    batcher = Batcher({}, Scheduling(max_batches=given), pool=pool, joinable=joinable)
+    assert batcher.max_batches == batches
+
+
+def test_ctranslate2s_search_takes_no_sentences_between_steps():
+    """CTranslate2's rule (an Argos package's default) does not join: a server's lanes take one
+    batch of it at a time; OpenNMT-py's, the default, does."""
+    model = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference", "ct2_tiny",
+                         "prenorm_int8")
+    assert not build_translator({"model": model, "search": "ctranslate2"}).joinable()
+    assert build_translator({"model": model}).joinable()

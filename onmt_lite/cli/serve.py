@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "batch_wait", type=number(0), default=0.01,
         help="seconds sentences wait for a fuller batch under load (with every lane free and "
              "no request on its way, none)")
-    add(g, "max_batches", type=integer(1), default=4,
+    add(g, "max_batches", type=integer(0), default=0,
         help="batches a lane decodes at once, joining one search between its steps (1: a "
-             "batch that starts waits for the lane's batch to end)")
+             "batch that starts waits for the lane's batch to end; 0: 4 where the model's "
+             "search takes sentences between its steps, else 1)")
     add(g, "head_start", type=number(0), default=0.5,
         help="seconds a batch of short sentences that arrives beside long ones (at most half "
              "as long as each) steps alone first")

@@ -44,6 +44,8 @@ from onmt_lite.serve.turns import short_beside
 
 logger = logging.getLogger("onmt_lite")
 
+# Batches a lane decodes at once by default where they join one search (Scheduling).
+JOINED_BATCHES = 4
 # Lanes a sentence may end before it fails (the last time decoded alone).
 MAX_LANE_DEATHS = 2
 # Seconds a lane's feeder waits before it looks again where only other models' batches (on its
@@ -96,14 +98,17 @@ class Scheduling:
         lanes: lane processes (batches decoded at the same time, one torch thread each).
         batch_size: sentences per batch at most; max_queue: sentences waiting at most.
         batch_wait: seconds sentences wait for a fuller batch under load (see above).
-        max_batches: batches a lane decodes at once (they join one search, lanes.py).
+        max_batches: batches a lane decodes at once (they join one search, lanes.py); 0:
+            JOINED_BATCHES where the model's search takes sentences between its steps, else 1
+            (each batch is a search of its own there, whose steps' bookkeeping costs on its
+            own: later batches wait for the lane and come fuller).
         head_start: seconds a batch of short sentences beside long ones steps alone first.
     """
     lanes: int = 1
     batch_size: int = 32
     max_queue: int = 1024
     batch_wait: float = 0.01
-    max_batches: int = 4
+    max_batches: int = 0
     head_start: float = 0.5
 
 
@@ -123,10 +128,12 @@ class Batcher:
     def __init__(self, options: dict, scheduling: Scheduling = Scheduling(),
                  on_batch: Optional[Callable[[int, List[float]], None]] = None,
                  on_restart: Optional[Callable[[], None]] = None,
-                 pool: Optional[LanePool] = None, weights: Optional[str] = None):
+                 pool: Optional[LanePool] = None, weights: Optional[str] = None,
+                 joinable: bool = True):
         self.options, self.head_start = options, scheduling.head_start
         self.batch_size, self.max_queue = scheduling.batch_size, scheduling.max_queue
-        self.batch_wait, self.max_batches = scheduling.batch_wait, scheduling.max_batches
+        self.batch_wait = scheduling.batch_wait
+        self.max_batches = scheduling.max_batches or (JOINED_BATCHES if joinable else 1)
         self.on_batch, self.on_restart = on_batch, on_restart
         self.pending: Deque[Job] = collections.deque()
         self.changed = threading.Condition()

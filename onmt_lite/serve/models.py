@@ -123,7 +123,7 @@ class Residency:
         """A Batcher for ``model`` on the server's lanes, its weights shared through a file
         (the server's own process then frees its copy), room made for it: (batcher, the
         model's memory, the weights' file or None)."""
-        weights = weights_bytes(translator.model)
+        weights, joinable = weights_bytes(translator.model), translator.joinable()
         path = None if options.get("compile") else self.weights.write(
             translator, f"model{model.id}")
         translator.model = None  # the lanes decode, each mapping the file
@@ -137,7 +137,8 @@ class Residency:
                 if self.pool is None:
                     self.pool = LanePool(self.lanes)
                 batcher = Batcher(options, model.scheduling, model._on_batch,
-                                  model._on_restart, pool=self.pool, weights=path)
+                                  model._on_restart, pool=self.pool, weights=path,
+                                  joinable=joinable)
         except BaseException:
             remove(path)
             raise
