@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import TINY_MODELS, make_model
 
-from onmt_lite.search.candidates import top_candidates
+from onmt_lite.search import candidates
+from onmt_lite.search.candidates import exact_top, top_candidates
 from onmt_lite.search.finishing import OnmtSlots
 from onmt_lite.search.global_scorer import GNMTGlobalScorer
 from onmt_lite.translate import DecodingOptions, Translator
@@ -62,6 +63,47 @@ def test_top_candidates_are_the_flat_topk(n, k, vocab):
         assert torch.equal(values, expected)
         assert torch.equal(curr.view(n, k * vocab).gather(1, ids), values)
         assert all(len(set(row)) == k for row in ids.tolist())  # k distinct candidates
+
+
+@pytest.mark.parametrize("n, rows, k, vocab", [(3, 5, 10, 40), (2, 4, 8, 64), (4, 3, 6, 11),
+                                              (1, 2, 4, 16), (1, 4, 8, 8000), (16, 4, 8, 8000)])
+def test_the_exact_top_is_topk_itself(n, rows, k, vocab, monkeypatch):
+    """exact_top gives topk's very values and indices: on scores all different (ranked by
+    groups, at any size here), and with equal scores, finished rows, -inf rows or NaN (ranked
+    by topk)."""
+    monkeypatch.setattr(candidates, "EXACT_TOPK_BELOW", 0)
+    gen = torch.Generator().manual_seed(n * 100 + vocab)
+    for trial in range(40):
+        curr = torch.randn(n, rows, vocab, generator=gen)
+        if trial % 5 == 1:
+            curr[:, 1:] = -65504.0
+        if trial % 5 == 2:
+            curr = (curr * 2).round()  # ties everywhere
+        if trial % 5 == 3:
+            curr[:, 1:] = float("-inf")
+        if trial % 5 == 4 and trial % 2:
+            curr[0, 0, 0] = float("nan")
+        expected = curr.view(n, rows * vocab).topk(k, dim=1)
+        values, ids = exact_top(curr, k)
+        assert torch.equal(values, expected.values) or torch.equal(values.isnan(),
+                                                                   expected.values.isnan())
+        assert torch.equal(ids, expected.indices)
+
+
+def test_the_exact_top_ranks_by_groups_where_nothing_is_equal(monkeypatch):
+    """Scores all different take the grouped ranking (no topk over all of rows * V)."""
+    curr = torch.randn(4, 4, 8000, generator=torch.Generator().manual_seed(1))
+    expected = curr.view(4, -1).topk(8, dim=1)
+    widths = []
+    original = torch.Tensor.topk
+
+    def topk(self, k, *args, **kwargs):
+        widths.append(self.size(-1))
+        return original(self, k, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "topk", topk)
+    values, ids = exact_top(curr, 8)
+    assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
+    assert max(widths) < 4 * 8000
 
 
 def test_top_candidates_hand_case():
