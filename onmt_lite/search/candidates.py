@@ -127,7 +127,8 @@ def exact_top(curr: torch.Tensor, k: int, group: int = 8) -> Tuple[torch.Tensor,
     """
     n, rows, vocab = curr.shape
     width = vocab // group
-    if vocab % group or width < k + 1 or n * rows * vocab < EXACT_TOPK_BELOW:
+    if vocab % group or width < k + 1 or n * rows * vocab < EXACT_TOPK_BELOW \
+            or curr.device.type != "cpu":  # its check would wait for a GPU at every step
         return curr.reshape(n, rows * vocab).topk(k, dim=1)
     grouped = curr.view(n * rows, group, width)
     best, best_groups = grouped.amax(1).topk(k + 1, dim=1)  # (n * rows, k + 1)
