@@ -93,17 +93,27 @@ def top_candidates(curr: torch.Tensor, k: int,
         values (n, k), best first, and indices (n, k) into the flattened rows * V.
     """
     n, rows, vocab = curr.shape
-    width = vocab // group
-    if vocab % group or width < k:
+    if vocab % group or vocab // group < k:
         return curr.reshape(n, rows * vocab).topk(k, dim=1)
+    _, values, ids = _by_groups(curr, k, group)
+    return values, ids
+
+
+def _by_groups(curr: torch.Tensor, k: int, group: int, spare: int = 0):
+    """The ``k + spare`` best tokens of each sentence among those of its rows' k best groups
+    (see top_candidates): each row's ``k + spare`` best group maxima (n * rows, k + spare), and
+    the tokens' values and indices into rows * V (n, k + spare), best first."""
+    n, rows, vocab = curr.shape
+    width, ranked = vocab // group, k + spare
     grouped = curr.view(n * rows, group, width)
-    best_groups = grouped.amax(1).topk(k, dim=1).indices  # (n * rows, k)
+    maxima, best_groups = grouped.amax(1).topk(ranked, dim=1)
+    best_groups = best_groups[:, :k]
     members = grouped.gather(2, best_groups.unsqueeze(1).expand(-1, group, k))  # (n*rows, group, k)
-    values, picked = members.view(n, rows * group * k).topk(k, dim=1)
+    values, picked = members.view(n, rows * group * k).topk(ranked, dim=1)
     row = torch.div(picked, group * k, rounding_mode="floor")
     member = torch.div(picked % (group * k), k, rounding_mode="floor")
-    column = best_groups.view(n, rows * k).gather(1, row * k + picked % k)
-    return values, row * vocab + member * width + column
+    column = best_groups.reshape(n, rows * k).gather(1, row * k + picked % k)
+    return maxima, values, row * vocab + member * width + column
 
 
 EXACT_TOPK_BELOW = 1 << 16
@@ -126,19 +136,11 @@ def exact_top(curr: torch.Tensor, k: int, group: int = 8) -> Tuple[torch.Tensor,
         values (n, k), best first, and indices (n, k) into the flattened rows * V.
     """
     n, rows, vocab = curr.shape
-    width = vocab // group
-    if vocab % group or width < k + 1 or n * rows * vocab < EXACT_TOPK_BELOW \
+    if vocab % group or vocab // group < k + 1 or n * rows * vocab < EXACT_TOPK_BELOW \
             or curr.device.type != "cpu":  # its check would wait for a GPU at every step
         return curr.reshape(n, rows * vocab).topk(k, dim=1)
-    grouped = curr.view(n * rows, group, width)
-    best, best_groups = grouped.amax(1).topk(k + 1, dim=1)  # (n * rows, k + 1)
-    members = grouped.gather(2, best_groups[:, :k].unsqueeze(1).expand(-1, group, k))
-    values, picked = members.view(n, rows * group * k).topk(k + 1, dim=1)
-    if not bool(((best[:, k - 1] > best[:, k]).all()
+    maxima, values, ids = _by_groups(curr, k, group, spare=1)
+    if not bool(((maxima[:, k - 1] > maxima[:, k]).all()
                  & (values[:, :-1] > values[:, 1:]).all())):
         return curr.reshape(n, rows * vocab).topk(k, dim=1)
-    values, picked = values[:, :k], picked[:, :k]
-    row = torch.div(picked, group * k, rounding_mode="floor")
-    member = torch.div(picked % (group * k), k, rounding_mode="floor")
-    column = best_groups[:, :k].reshape(n, rows * k).gather(1, row * k + picked % k)
-    return values, row * vocab + member * width + column
+    return values[:, :k], ids[:, :k]
