@@ -7,13 +7,14 @@ only loss is the rounding of each product's inputs and output to bf16. The produ
 oneDNN (onednn.py).
 """
 import logging
-from typing import Iterable, List, Tuple, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from onmt_lite.models.onednn import OneDNNLinear, fp32_bias, pack, product
 from onmt_lite.models.rnn import gru_update, lstm_update
+from onmt_lite.models.swap import swap_layers
 
 logger = logging.getLogger("onmt_lite")
 
@@ -70,15 +71,7 @@ def to_bfloat16(modules: Union[nn.Module, List[nn.Module]],
     if not has_bf16_units():
         logger.warning("this CPU has no bf16 units (AMX, AVX-512 BF16): -precision bf16 "
                        "will be slower than fp32")
-    done = {}
-    kept = {id(m) for part in skip for m in part.modules()}
-    modules = modules if isinstance(modules, list) else [modules]
-    for parent in [m for module in modules for m in module.modules()]:
-        if id(parent) in kept:
-            continue
-        for name, child in parent.named_children():
-            version = BFLOAT16_VERSIONS.get(type(child))
-            if version is not None:
-                if id(child) not in done:
-                    done[id(child)] = version(child)
-                setattr(parent, name, done[id(child)])
+    def bf16(layer: nn.Module) -> Optional[nn.Module]:
+        version = BFLOAT16_VERSIONS.get(type(layer))
+        return None if version is None else version(layer)
+    swap_layers(modules, bf16, skip)

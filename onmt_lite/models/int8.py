@@ -25,6 +25,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.ao.quantization.quantization_mappings import get_default_dynamic_quant_module_mappings
 
 from onmt_lite.errors import OptionError
+from onmt_lite.models.swap import swap_layers
 
 ENGINES = ("auto", "fbgemm", "onednn")
 
@@ -87,15 +88,10 @@ def quantize(model: nn.Module, layers: set, engine: str = "auto") -> nn.Module:
 def quantize_rows(model: nn.Module, engine: str = "auto") -> nn.Module:
     """``model`` with every nn.Linear replaced in place by a dynamic int8 one whose weight has one
     scale per output row (largest magnitude to 127), packed for ``pick_engine(engine)``."""
-    done = {}
     with warnings.catch_warnings(), packing_for(pick_engine(engine)):
         warnings.simplefilter("ignore")  # torch flags its quantised tensor types as legacy
-        for parent in list(model.modules()):
-            for name, child in parent.named_children():
-                if type(child) is nn.Linear:
-                    if id(child) not in done:
-                        done[id(child)] = _row_quantized(child)
-                    setattr(parent, name, done[id(child)])
+        swap_layers(model, lambda layer: _row_quantized(layer) if type(layer) is nn.Linear
+                    else None)
     return model
 
 

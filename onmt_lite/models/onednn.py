@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from onmt_lite.models.swap import swap_layers
+
 ROW_MULTIPLE = 32
 MAX_ROWS = 256
 
@@ -110,15 +112,8 @@ class OneDNNLinear(nn.Module):
 def to_onednn(modules, skip=()) -> None:
     """Replaces, in place, every fp32 nn.Linear on the CPU below ``modules`` (a module or a list;
     except those below a module of ``skip``) by a OneDNNLinear. Shared layers stay shared."""
-    done = {}
-    kept = {id(m) for part in skip for m in part.modules()}
-    modules = modules if isinstance(modules, list) else [modules]
-    for parent in [m for module in modules for m in module.modules()]:
-        if id(parent) in kept:
-            continue
-        for name, child in list(parent._modules.items()):  # a module under two names: both
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 \
-                    and child.weight.device.type == "cpu":
-                if id(child) not in done:
-                    done[id(child)] = OneDNNLinear(child)
-                setattr(parent, name, done[id(child)])
+    def onednn(layer: nn.Module) -> Optional[nn.Module]:
+        fp32_on_cpu = type(layer) is nn.Linear and layer.weight.dtype == torch.float32 \
+            and layer.weight.device.type == "cpu"
+        return OneDNNLinear(layer) if fp32_on_cpu else None
+    swap_layers(modules, onednn, skip)
