@@ -114,8 +114,6 @@ def remove_stale_temporaries(target: str) -> None:
             pass
 
 
-
-
 class _Writer:
     """A text file whose write errors (a full disk, a closed pipe) name the user's path."""
 

@@ -31,11 +31,11 @@ from starlette.formparsers import MultiPartException
 from onmt_lite.serve import libre_api, libre_files, libre_text
 from onmt_lite.serve.forms import FileTooLarge, NotText, UploadFields, pairs
 from onmt_lite.serve.libre_files import EXTENSIONS, FileUnreadable
+from onmt_lite.serve.limits import Limits
 from onmt_lite.serve.service import ApiError, Service
 
 logger = logging.getLogger("onmt_lite")
 
-MAX_STORED_FILES = 256  # translated files waiting for their download at most (a default)
 FILE_TTL = 1800.0  # seconds a translated file waits for its download (LibreTranslate's 30 min)
 STORED_NAME = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_.-]{1,120}$")
 
@@ -43,7 +43,7 @@ STORED_NAME = re.compile(r"^[0-9a-f]{32}\.[A-Za-z0-9_.-]{1,120}$")
 class FileStore:
     """Translated files waiting for their download, in a private temporary folder."""
 
-    def __init__(self, max_files: int = MAX_STORED_FILES, ttl: float = FILE_TTL):
+    def __init__(self, max_files: int = Limits.max_stored_files, ttl: float = FILE_TTL):
         self.max_files, self.ttl = max_files, ttl
         self.folder: Optional[str] = None
         self.stored: "OrderedDict[str, float]" = OrderedDict()  # name: time stored
