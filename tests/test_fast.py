@@ -528,3 +528,17 @@ def test_fast_int8_quantises_the_rnn_encoder_too(src_vocab, tgt_vocab, padded_ba
     assert len({tuple(t.preds[0]) for t in quick}) > 5  # a model whose output varies
     exact = Translator(exact_int8, src_vocab, tgt_vocab, options).translate(lines, batch_size=7)
     assert [t.scores for t in exact] != [t.scores for t in quick]
+
+
+@pytest.mark.parametrize("rows,keys", [(4, 3), (4, 12), (8, 30), (20, 12)])
+def test_one_steps_self_attention_is_the_multi_headed_attention(rows, keys, src_vocab,
+                                                                tgt_vocab):
+    """One query row over few keys (elementwise), over more for a lone sentence's few rows
+    (one fused call) and for many rows (products): MultiHeadedAttention's contexts."""
+    layer = make_model(MARIAN_LIKE, src_vocab, tgt_vocab).decoder.layers[0]
+    quick = fast.FastDecoderLayer(layer)
+    gen = torch.Generator().manual_seed(rows * keys)
+    q = torch.randn(rows, 4, 1, 4, generator=gen)
+    k, v = (torch.randn(rows, 4, keys, 4, generator=gen) for _ in range(2))
+    expected = layer.self_attn.attention(q, k, v, None)[0]
+    assert torch.allclose(quick.self_attention(q, k, v, None), expected, atol=1e-6)
