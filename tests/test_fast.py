@@ -179,6 +179,45 @@ def test_the_whole_step_takes_rows_at_positions_of_their_own(src_vocab, tgt_voca
         assert torch.allclose(joined[i][1], alone[1][i][0], atol=1e-5)
 
 
+def test_a_few_rows_step_through_a_program_with_inline_products(src_vocab, tgt_vocab):
+    """A step of at most SMALL_ROWS rows (a lone sentence's beam) runs a program of its own,
+    built with inline products and in fp32 (bf16 rounding buys nothing at a few rows); more
+    rows run the other, in the step's precision. One program per group and kind."""
+    translator = _translator(TINY_TRANSFORMER, src_vocab, tgt_vocab, True)
+    decoder = translator.model.decoder
+    built, names = [], set()
+
+    def build(program, args, shapes, name, inline=False):
+        if isinstance(program, compiled_step.StepProgram):
+            built.append((program.group, inline, program.bf16))
+            names.add(name)
+        return program
+    decoder.compiled_step = CompiledStep(decoder, build, bf16=True)
+    lines = _lines(8, 4)
+    translator.translate(lines[:1])  # rows: 1, then 4 (beam 4)
+    translator.translate(lines[:3], batch_size=3)  # 3, then 12
+    translator.translate(lines, batch_size=8)  # 8, then 32: nothing new
+    assert sorted(built) == [(1, True, False), (4, False, True), (4, True, False)]
+    assert len(names) == 3 and compiled_step.SMALL_ROWS == 8
+
+
+def test_inline_products_take_the_template_only_while_building_such_a_program():
+    """Inductor's choices for a product while a program with inline products is built: its
+    C++ template's alone where it has one (so nothing is timed), else every choice; outside
+    such a build, every choice."""
+    class Choice:
+        def __init__(self, name):
+            self.name = name
+    library, template = Choice("_linear_pointwise"), Choice("cpp_CppMicroGemmFP32Vec_0")
+    assert aot._template_first([library, template]) == [library, template]
+    with aot._inline_products(True):
+        assert aot._template_first([library, template]) == [template]
+        assert aot._template_first([library]) == [library]
+    with aot._inline_products(False):
+        assert aot._template_first([library, template]) == [library, template]
+    assert aot._template_first([library, template]) == [library, template]
+
+
 def test_the_whole_step_in_bf16_rounds_its_products(src_vocab, tgt_vocab):
     """-compile in bf16: the layers' products inside the step in bf16, so scores move by bf16
     rounding, not more; the cache stays fp32."""
@@ -322,10 +361,11 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 
 @pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
-    """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (the
-    first step, one row per sentence, and the steps after it, three per sentence), one of the
-    output layer, one of the encoder and one of the memory's keys and values, compiled by a
-    first process; a command line run loads them from the
+    """Batches of 1, 3 and 8 sentences of many lengths are served by four step programs (the
+    first step, one row per sentence, and the steps after it, three per sentence; each for at
+    most SMALL_ROWS rows, its products inline, and for more), one of the output layer, one of
+    the encoder and one of the memory's keys and values, compiled by a
+    first process (built at load, by the warm-up); a command line run loads them from the
     cache directory and decodes in its default layout (forked processes, where the machine
     has two cores: the compiled code is serial, so a child never waits on OpenMP threads it
     did not inherit); both find the uncompiled step's hypotheses."""
@@ -343,9 +383,9 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
                            "-precision", "fp32", "-beam_size", "3", "-batch_size", "3"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert first["programs"] == [1, 3]
+    assert first["programs"] == [[1, False], [1, True], [3, False], [3, True]]
     assert sorted(name.split("-")[0] for name in made) == [
-        "encoder", "memory", "output", "step", "step"]
+        "encoder", "memory", "output", "step", "step", "step", "step"]
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)

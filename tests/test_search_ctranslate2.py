@@ -188,3 +188,28 @@ def test_ctranslate2s_defaults_and_limits_on_models_that_misbehave(model, case):
             [[twins.get(t, t) for t in p] for p in theirs], number
     assert_same([r for i, r in enumerate(results, 1) if i not in ties],
                 [h for i, h in enumerate(expected, 1) if i not in ties])
+
+
+def test_logits_are_read_only_at_the_steps_a_processor_acts(tmp_path, monkeypatch):
+    """CTranslate2's processors act on logits, the log-softmax after them; at a step where
+    none acts (after -min_length, before the last step) that is the model's log_probs, which
+    the step then takes (a compiled output program, where there is one). The hypotheses and
+    scores are those of reading logits at every step, to the bit."""
+    ckpt = tiny_checkpoint(tmp_path / "m.pt")
+    options = {"model": ckpt, "search": "ctranslate2", "beam_size": 3, "n_best": 3,
+               "min_length": 2, "max_length": 9, "repetition_penalty": 1.0}
+    lines = ["a b c", "d e", "f a b c d"]
+    translator = build_translator(options)
+    model = translator.model
+    asked, log_probs, step = [], model.log_probs, model.decoder.step
+    monkeypatch.setattr(model, "log_probs", lambda out: asked.append("log_probs") or log_probs(out))
+    monkeypatch.setattr(model.decoder, "step", lambda tokens: asked.append("step") or step(tokens))
+    quick = translator.translate(lines, batch_size=3)
+    from onmt_lite.search import processors
+    for kind in (processors.Processor, processors.MinLength, processors.ForcedEOS):
+        monkeypatch.setattr(kind, "acts", lambda self, step: True)
+    every = build_translator(options).translate(lines, batch_size=3)
+    assert [t.preds for t in quick] == [t.preds for t in every]
+    assert [t.scores for t in quick] == [t.scores for t in every]
+    steps = asked.count("step")
+    assert steps > 3 and asked.count("log_probs") == steps - 2  # not at steps 1, 2 (min_length)

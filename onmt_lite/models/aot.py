@@ -5,10 +5,12 @@ Packages are named after what they are made of (compiled_step._name), so a cache
 serves every model, precision, torch and CPU it has met; a crash never leaves half a package
 under its name.
 """
+import contextlib
 import logging
 import os
 import shutil
 import sys
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -17,8 +19,9 @@ from torch import nn
 logger = logging.getLogger("onmt_lite")
 
 # a builder: (a program's module, example arguments, their dynamic shapes, a name for what the
-# program is made of) -> a function of the same arguments returning the outputs as a list
-Builder = Callable[[nn.Module, tuple, dict, str], Callable]
+# program is made of[, inline products]) -> a function of the same arguments returning the
+# outputs as a list
+Builder = Callable[..., Callable]
 
 DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                              "onmt_lite", "compiled")
@@ -51,20 +54,57 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
         return None
     directory = os.path.abspath(cache_dir or USER_CACHE or DEFAULT_CACHE)
 
-    def build(module: nn.Module, args: tuple, shapes: dict, name: str) -> Callable:
+    def build(module: nn.Module, args: tuple, shapes: dict, name: str,
+              inline: bool = False) -> Callable:
         path = os.path.join(directory, f"{name}.pt2")
         if not os.path.exists(path):
             os.makedirs(directory, exist_ok=True)
             logger.info("-compile: compiling %s (once: kept in %s)", name, directory)
             from torch._inductor import aoti_compile_and_package, config
-            with torch.inference_mode(False), torch.no_grad(), config.patch(
-                    {"cpp.threads": 1, "freezing": True, "compile_threads": 1}):
+            settings = {"cpp.threads": 1, "freezing": True, "compile_threads": 1}
+            if inline:
+                settings.update(INLINE_PRODUCTS)
+            with torch.inference_mode(False), torch.no_grad(), config.patch(settings), \
+                    _inline_products(inline):
                 program = torch.export.export(module, args, dynamic_shapes=shapes)
                 partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
                 aoti_compile_and_package(program, package_path=partial)
             os.replace(partial, path)  # a crash never leaves half a package under its name
         return load_package(path)
     return build
+
+
+# Inline products: Inductor's own C++ matrix-product template, its weights packed in blocks,
+# compiled into the program; a product of a few rows then costs no call into a library. At 2-6
+# rows of the Argos package's 192 x 192 to 192 x 768 products, 1.5-21 us against oneDNN's
+# 15-25 us (AMD EPYC, one thread); past some tens of rows the libraries win, so only programs
+# for a few rows take them (compiled_step.SMALL_ROWS).
+INLINE_PRODUCTS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+_inline = threading.local()
+_template_first_added = []  # once per process
+
+
+@contextlib.contextmanager
+def _inline_products(on: bool):
+    """While on, every product that Inductor's C++ template can make takes it, without timing
+    it against the library call (which would compile each candidate: seconds a product)."""
+    if not _template_first_added:
+        from torch._inductor import select_algorithm
+        select_algorithm.add_preprocessing_fn(_template_first)
+        _template_first_added.append(True)
+    _inline.on = on
+    try:
+        yield
+    finally:
+        _inline.on = False
+
+
+def _template_first(choices: list) -> list:
+    """Inductor's choices for one product: only its C++ template's, where it has them and
+    inline products are on; else all of them."""
+    if not getattr(_inline, "on", False):
+        return choices
+    return [c for c in choices if c.name.startswith("cpp_")] or choices
 
 
 def load_package(path: str) -> Callable:

@@ -61,6 +61,9 @@ EXAMPLE_SOURCES, EXAMPLE_LENGTH, EXAMPLE_CAPACITY = 2, 3, 16
 # encoder's products have B x S rows, so sources are padded to a multiple of 8 positions (a
 # lane's one-sentence arrivals left it ~100 MiB more of them without, at the same rate)
 SOURCE_MULTIPLE = 8
+# a step of at most this many rows (a lone sentence's beam) runs a program of its own, with
+# inline products (aot.py): the libraries' calls cost more than such products themselves
+SMALL_ROWS = 8
 BUILDING = threading.Lock()  # one program built at a time (threads of one process share them)
 
 
@@ -268,7 +271,7 @@ class CompiledStep:
     def __init__(self, decoder, build: Builder, bf16: bool = False):
         self.decoder_modules = (decoder.embeddings, decoder.layers, decoder.layer_norm)
         self.build, self.bf16 = build, bf16
-        self.programs: Dict[int, Program] = {}  # by group
+        self.programs: Dict[Tuple[int, bool], Program] = {}  # by group, small
         self.made_of = None  # _made_of the decoder's modules, once
         self.memory_program = Program(build, self._make_memory)
 
@@ -300,7 +303,7 @@ class CompiledStep:
             raise ValueError(f"sequence longer than {decoder.embeddings.max_len} positions")
         cache.reserve(1)
         cache.spare_rows(min_buffer_rows(decoder.group))  # a lone sentence: spare rows
-        program = self.program(decoder.group, decoder)
+        program = self.program(decoder.group, tokens.size(0) <= SMALL_ROWS, decoder)
         memory = [state[key] for key in decoder.source_keys[1:]]  # keys, values of each layer
         out, attn, new = program(cache.to_buffer(tokens).contiguous(), at, cache.buffer, memory,
                                  state["src_mask"])
@@ -313,17 +316,20 @@ class CompiledStep:
         decoder._advance(1)
         return cache.from_buffer(out), cache.from_buffer(attn)
 
-    def program(self, group: int, decoder) -> Program:
-        program = self.programs.get(group)
+    def program(self, group: int, small: bool, decoder) -> Program:
+        """The program for steps of ``group`` rows per source row; ``small``: at most
+        SMALL_ROWS rows, with inline products."""
+        program = self.programs.get((group, small))
         if program is None:  # setdefault: threads that meet a group together share one
-            program = self.programs.setdefault(group, Program(
-                self.build, lambda: self._make_step(decoder, group)))
+            program = self.programs.setdefault((group, small), Program(
+                self.build, lambda: self._make_step(decoder, group, small)))
         return program
 
-    def _make_step(self, decoder, group: int) -> tuple:
+    def _make_step(self, decoder, group: int, small: bool) -> tuple:
         args, shapes = self.example(decoder, group)
-        name = self.name("step", str(group), "bf16" if self.bf16 else "fp32")
-        return StepProgram(decoder, group, self.bf16).eval(), args, shapes, name
+        name = self.name("step", str(group), "bf16" if self.bf16 and not small else "fp32",
+                         *(["inline"] if small else []))
+        return StepProgram(decoder, group, self.bf16 and not small).eval(), args, shapes, name, small
 
     @staticmethod
     def example(decoder, group: int):

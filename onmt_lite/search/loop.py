@@ -116,7 +116,8 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
             out, attn = yield from _ask(shared, "step", dec, paths.seqs[:, -1])
         attn = attn.float()
         # c. Processors edit the step's log-probs; the rule ranks the candidates.
-        if search.on_logits:
+        if search.on_logits and any(p.acts(step) for p in search.processors):
+            # at other steps log_softmax(logits) is log_probs (a compiled program's, if any)
             logits = model.generator(out).float()  # (n * k, V)
             for processor in search.processors:
                 processor(logits, step, paths.seqs)

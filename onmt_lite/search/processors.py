@@ -21,6 +21,11 @@ class Processor:
     def __call__(self, scores: torch.Tensor, step: int, history: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def acts(self, step: int) -> bool:
+        """Whether it may change the scores at ``step`` (one that acts at a few steps only says
+        which: the other steps need no logits of their own)."""
+        return True
+
     def advance(self, origins: Sequence[int], tokens: Sequence[int]) -> None:
         pass
 
@@ -37,6 +42,9 @@ class MinLength(Processor):
     def __call__(self, scores, step, history):
         if step <= self.min_length:
             scores[:, self.eos] = self.value
+
+    def acts(self, step):
+        return step <= self.min_length
 
 
 class BanToken(Processor):
@@ -88,6 +96,9 @@ class ForcedEOS(Processor):
 
     def __init__(self, max_length: int, eos: int, keep_score: bool = False):
         self.max_length, self.eos, self.keep_score = max_length, eos, keep_score
+
+    def acts(self, step):
+        return step == self.max_length
 
     def __call__(self, scores, step, history):
         if step == self.max_length:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from onmt_lite.constants import EOS
 from onmt_lite.errors import OptionError
+from onmt_lite.models.compiled_step import SMALL_ROWS
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.model import inference, replica
 from onmt_lite.search.beam import Beam
@@ -253,15 +254,16 @@ class Translator:
         return side_by_side
 
     def warm_up(self) -> None:
-        """Decodes a batch of one sentence and one of two (source lengths 1 to 3): -compile
-        compiles the step here, at load, rather than in the first batch."""
+        """Decodes a batch of one sentence and one of more than SMALL_ROWS (source lengths 1
+        to 3): -compile compiles its step programs here, at load (those for a few rows and
+        those for more), rather than in the first batches."""
         word = self.src_vocab.itos[-1]
-        lines = [[word], [word] * 2, [word] * 3]
+        lines = [[word] * (1 + i % 3) for i in range(SMALL_ROWS + 2)]
         targets = lines if self.opt.tgt_file_prefix else None  # forced as prefixes
         generator = getattr(self.sampler, "generator", None)
         state = None if generator is None else generator.get_state()
         self._translate_batch([0], lines, targets)
-        self._translate_batch([1, 2], lines, targets)
+        self._translate_batch(list(range(1, len(lines))), lines, targets)
         if state is not None:  # a seeded run draws as it would without the warm-up
             generator.set_state(state)
 
