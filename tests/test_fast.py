@@ -17,7 +17,7 @@ import torch
 from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
-from onmt_lite.models import aot, compiled_step, fast, inference
+from onmt_lite.models import aot, compiled_step, fast
 from onmt_lite.models.bfloat16 import Bfloat16Linear
 from onmt_lite.models.compiled_step import CompiledStep
 from onmt_lite.models.inference import for_inference
@@ -285,17 +285,41 @@ def test_compiled_programs_make_their_own_bf16_products(precision, src_vocab, tg
     assert (type(model.generator) is Bfloat16Linear) == (precision == "bf16")
 
 
-def test_compile_with_int8_runs_the_fast_int8_step_uncompiled(src_vocab, tgt_vocab, caplog):
-    """The compiled step has no int8 products: -compile -int8 says so in one line and runs the
-    step uncompiled, with every product in int8."""
-    model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
-    with caplog.at_level(logging.WARNING, logger="onmt_lite"):
-        model = for_inference(model, "cpu", int8=True, compile=True)
-    assert [r.getMessage() for r in caplog.records] == [f"-compile -int8: {inference.INT8_UNCOMPILED}"]
-    layer = model.decoder.layers[0]
-    assert isinstance(layer, fast.FastDecoderLayer)
-    assert model.decoder.compiled_step is None
-    assert isinstance(layer.qkv, fast.DynamicQuantizedLinear)
+def test_compile_with_int8_compiles_the_steps_of_a_few_rows_from_fp32_copies(src_vocab, tgt_vocab,
+                                                                           monkeypatch):
+    """-compile -int8: int8 products cannot be traced, so the layers keep them (the encoder, the
+    memory's keys and values, the output layer and every step of more than SMALL_ROWS rows),
+    and a step of at most SMALL_ROWS rows runs a program made from fp32 copies of the layers
+    taken before they were quantised (run uncompiled here). Given the same memory entries, a
+    step of 2 rows is the fp32 fast step's, one of 9 rows the int8 fast step's."""
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+
+    def model(**options):
+        return for_inference(make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3), "cpu",
+                             **options)
+    hybrid = model(int8=True, compile=True)
+    step = hybrid.decoder.compiled_step
+    assert step.few_rows_only and hybrid.compiled_encoder is hybrid.compiled_output is None
+    assert isinstance(hybrid.decoder.layers[0].qkv, fast.DynamicQuantizedLinear)
+    assert type(step.decoder_modules[1][0].qkv) is torch.nn.Linear
+    assert step.memory_program is None and not step.takes(compiled_step.SMALL_ROWS + 1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for sentences, reference in ((2, model(fast=True, precision="fp32")),
+                                     (9, model(int8=True, fast=True))):
+            memory = torch.randn(sentences, 5, 16, generator=gen)
+            src_len = torch.tensor([5, 3] * (sentences // 2) + [4] * (sentences % 2))
+            hybrid.decoder.init_state(src_len, memory)
+            reference.decoder.init_state(src_len, memory)
+            reference.decoder.state.update({key: value for key, value in
+                                            hybrid.decoder.state.items() if "memory" in key})
+            for token in (2, 5, 7):
+                tokens = torch.full((sentences,), token)
+                (ours, attn), (theirs, attn_theirs) = (hybrid.decoder.step(tokens),
+                                                       reference.decoder.step(tokens))
+                assert torch.allclose(ours, theirs, atol=1e-5)
+                assert torch.allclose(attn, attn_theirs, atol=1e-6)
+    assert sorted(step.programs) == [(1, True)]
 
 
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):

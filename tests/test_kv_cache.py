@@ -68,7 +68,7 @@ def test_fill_gaps_moves_only_sentences_past_the_end():
 def test_a_cache_read_whole_grows_and_tiles_into_zeroed_memory_and_stays_tight():
     """The compiled step reads every column: the buffer is zeroed memory, and its capacity
     keeps within INITIAL_CAPACITY columns of those in use, growing and shrinking."""
-    cache = KVCache(2, 2, 1, 1, torch.float, "cpu", reads_capacity=True)
+    cache = KVCache(2, 2, 1, 1, torch.float, "cpu", zeroed=True, tight=True)
     assert not cache.buffer.any()
     cache.reserve(1)
     cache.append(0, torch.ones(2, 1, 1, 1), torch.ones(2, 1, 1, 1))
@@ -86,6 +86,9 @@ def test_a_cache_read_whole_grows_and_tiles_into_zeroed_memory_and_stays_tight()
     plain = KVCache(2, 2, 1, 1, torch.float, "cpu")
     plain.reserve(17)
     assert plain.buffer.size(4) == 32  # doubled: the plain step reads the columns in use
+    zeroed = KVCache(2, 2, 1, 1, torch.float, "cpu", zeroed=True)  # -compile -int8
+    zeroed.reserve(17)
+    assert zeroed.buffer.size(4) == 32 and not zeroed.buffer.any()  # doubled, zeroed
 
 
 def test_rows_that_swap_histories():

@@ -35,12 +35,14 @@ softmaxes and the cache stay fp32. (Under autocast the attentions' products ran 
 
 Cache positions past the prefix are masked, and their values weighted by an exact zero; a zero
 times a NaN would still be NaN, so the decoder's cache is made with zeroed memory (KVCache's
-``reads_capacity``), its capacity kept within 16 columns of those in use.
+``zeroed``), its capacity kept within 16 columns of those in use (``tight``; not where only
+steps of a few rows run a program).
 
 Nothing here is CPU-only; on a GPU the same program could be exported for CUDA (untested: no
 GPU is part of this path's measurements), and CUDA graphs would need shapes that never change:
 finished rows kept and masked instead of dropped, and one capacity for the whole batch.
 """
+import copy
 import hashlib
 import os
 import threading
@@ -75,7 +77,8 @@ def min_buffer_rows(group: int) -> int:
 
 class StepProgram(nn.Module):
     """What is compiled: one step for rows in blocks of ``group`` per source row. Holds the
-    decoder's modules (shared, not copied), so their weights become the program's constants.
+    decoder's embeddings, layers and final norm (shared, not copied, but for an int8 model's
+    layers: CompiledStep), so their weights become the program's constants.
 
     forward: tokens (R,) in cache order, positions (R,), the cache's buffer (layers, 2, buffer
     rows >= R, heads, capacity, dim) holding each row's prefix, the memory's keys (B, h, d, S)
@@ -83,10 +86,9 @@ class StepProgram(nn.Module):
     the output (R, H), head 0 of the last context attention (R, S) and the step's keys and
     values (layers, 2, R, heads, 1, dim)."""
 
-    def __init__(self, decoder, group: int, bf16: bool):
+    def __init__(self, modules: tuple, group: int, bf16: bool):
         super().__init__()
-        self.embeddings, self.layers, self.norm = (decoder.embeddings, decoder.layers,
-                                                   decoder.layer_norm)
+        self.embeddings, self.layers, self.norm = modules  # the decoder's (CompiledStep)
         self.group, self.bf16 = group, bf16
 
     def forward(self, tokens, positions, buffer, memory: List[torch.Tensor], src_bias):
@@ -262,18 +264,30 @@ class CompiledStep:
     that ``build`` compiles, one per group met (made at the first step with that group).
     Holds no decoder state: replicas of the decoder (other threads) share its programs.
 
+    With ``few_rows_only`` (``-compile -int8``: int8 products cannot be traced) only steps of
+    at most SMALL_ROWS rows run a program, made from fp32 copies of the layers taken now,
+    before they are quantised (a model stored in int8: its own values, the int8 ones times
+    their scales); at a few rows the library's int8 products cost more than inline fp32 ones.
+    The layers' own int8 products make every other step and the memory's keys and values.
+
     Args:
         decoder: the TransformerDecoder (its modules are shared, not copied).
         build: compiles a StepProgram (see Builder).
         bf16: the layers' products with weights in bf16 inside the program (see product).
+        few_rows_only: see above.
     """
 
-    def __init__(self, decoder, build: Builder, bf16: bool = False):
-        self.decoder_modules = (decoder.embeddings, decoder.layers, decoder.layer_norm)
-        self.build, self.bf16 = build, bf16
+    def __init__(self, decoder, build: Builder, bf16: bool = False, few_rows_only: bool = False):
+        layers = copy.deepcopy(decoder.layers) if few_rows_only else decoder.layers
+        self.decoder_modules = (decoder.embeddings, layers, decoder.layer_norm)
+        self.build, self.bf16, self.few_rows_only = build, bf16, few_rows_only
         self.programs: Dict[Tuple[int, bool], Program] = {}  # by group, small
         self.made_of = None  # _made_of the decoder's modules, once
-        self.memory_program = Program(build, self._make_memory)
+        self.memory_program = None if few_rows_only else Program(build, self._make_memory)
+
+    def takes(self, rows: int) -> bool:
+        """Whether a step of ``rows`` rows runs a program (else the decoder's layers)."""
+        return rows <= SMALL_ROWS or not self.few_rows_only
 
     def memory_kv(self, memory: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's memory_kv of ``memory`` (B, S, H), by one program."""
@@ -329,7 +343,8 @@ class CompiledStep:
         args, shapes = self.example(decoder, group)
         name = self.name("step", str(group), "bf16" if self.bf16 and not small else "fp32",
                          *(["inline"] if small else []))
-        return StepProgram(decoder, group, self.bf16 and not small).eval(), args, shapes, name, small
+        program = StepProgram(self.decoder_modules, group, self.bf16 and not small)
+        return program.eval(), args, shapes, name, small
 
     @staticmethod
     def example(decoder, group: int):

@@ -19,8 +19,8 @@ Transformer:
   C++ compiler is found (compiled_step.py), and so are the encoder (its layers as
   FastEncoderLayers) and the decoder layers' products with the memory; the packages are kept
   in a cache directory, so a later process loads them instead of compiling. Without a
-  compiler the model runs uncompiled, after one line that says so; so does the step with
-  ``-int8`` (see INT8_UNCOMPILED).
+  compiler the model runs uncompiled, after one line that says so. With ``-int8`` only the
+  steps of a few rows run a program (CompiledStep's ``few_rows_only``).
 
 RNN (input feeding), a sixth fewer multiply-adds a step on the fixture, each fold exact up to
 rounding:

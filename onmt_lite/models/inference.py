@@ -9,7 +9,8 @@ a module of its own:
   the default for fp32 models.
 - fast (fast.py, ``-fast``): the step rebuilt (fused products, folds), judged by BLEU.
 - compiled (compiled_step.py, aot.py, ``-compile`` where a C++ compiler is found): the fast
-  step, the encoder and the output layer as AOTInductor programs.
+  step, the encoder and the output layer as AOTInductor programs; with ``-int8``, the steps
+  of a few rows only, from fp32 copies of the layers.
 - bf16 (bfloat16.py, ``-precision``; ``auto`` picks it for the fast path on a CPU with bf16
   units, AMX or AVX-512 BF16):
   products in bf16, results in fp32.
@@ -42,11 +43,6 @@ logger = logging.getLogger("onmt_lite")
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
               "mixed": None}
-# torch's tracing cannot take an int8 product's packed weights (torch.compile split its code at
-# each one: 1.25-1.30x the uncompiled step's time), and a program quantised by torchao's PT2E
-# flow took 2.2x the bf16 program's time a step
-INT8_UNCOMPILED = ("the compiled step has no int8 products (torch cannot trace those of "
-                   "-int8): the -fast -int8 step runs uncompiled")
 
 
 class DecoderStep(Protocol):
@@ -97,8 +93,9 @@ def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
               fast: bool = False, compile: bool = False, int8_engine: str = "auto",
               int8_rows: bool = False) -> StepPlan:
     """The step these options choose on this machine; combinations that cannot run are refused
-    (OptionError). ``-compile -int8`` runs the fast int8 step uncompiled, after one line.
-    ``int8_rows``: a model stored in int8, whose weights are quantised as it stores them."""
+    (OptionError). ``-compile -int8`` compiles the steps of a few rows only (CompiledStep's
+    ``few_rows_only``). ``int8_rows``: a model stored in int8, whose weights are quantised as
+    it stores them."""
     precision = pick_precision(precision, device, fast, int8, compile)
     if precision not in PRECISIONS:
         raise OptionError(f"-precision must be one of auto, {', '.join(PRECISIONS)}")
@@ -116,9 +113,6 @@ def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
     if int8:
         pick_engine(int8_engine)  # refused here if this torch has no such kernels
     fast = fast or compile  # the compiled step is the fast step's program
-    if compile and int8:
-        logger.warning("-compile -int8: %s", INT8_UNCOMPILED)
-        compile = False
     return StepPlan(device, precision, fast, compile, int8_engine if int8 else None,
                     int8 and int8_rows, onednn=fast and not on_gpu and mkl_is_slow())
 
@@ -137,9 +131,13 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
         to_fast(model.decoder)
     if plan.compiled and isinstance(model.decoder, TransformerDecoder):
         build = aot.aot_compiler(compile_cache)  # None where no compiler is found
+        int8 = plan.int8_engine is not None  # int8 products cannot be traced: eager but for
+        # the steps of a few rows, programs made from fp32 copies of the layers
         if build is not None:
-            model.decoder.compiled_step = CompiledStep(model.decoder, build, plan.bf16)
-            model.compiled_encoder = compile_encoder(model.encoder, build, plan.bf16)
+            model.decoder.compiled_step = CompiledStep(model.decoder, build, plan.bf16,
+                                                       few_rows_only=int8)
+            if not int8:
+                model.compiled_encoder = compile_encoder(model.encoder, build, plan.bf16)
     if plan.bf16:  # compiled programs make their own bf16 products
         to_bfloat16(model if plan.precision == "bf16" else [model.encoder, model.decoder],
                     skip=_compiled_parts(model))
@@ -161,7 +159,8 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
 
 def _compiled_parts(model: NMTModel) -> list:
     """The encoder and decoder whose programs are made from their fp32 modules."""
-    compiled = [model.decoder] if compiled_step(model) is not None else []
+    step = compiled_step(model)
+    compiled = [model.decoder] if step is not None and not step.few_rows_only else []
     return compiled + ([model.encoder] if model.compiled_encoder is not None else [])
 
 

@@ -42,18 +42,21 @@ def _copy_rows(history: torch.Tensor, sources: torch.Tensor, targets: torch.Tens
 
 class KVCache:
     """Args:
-        reads_capacity: the step reads every column of the buffer, those past each row's
-            position masked (the compiled step). Every buffer is then made with zeroed memory,
-            not whatever bits it held (masked columns are weighted by zero: a NaN there would
-            spread), and its capacity kept within INITIAL_CAPACITY columns of those in use:
-            grown and shrunk in such steps rather than doubled (a step of 60 rows reads 16, 32
-            or 64 columns in 1.4, 1.8 or 2.3 ms; of 160 rows, in 2.9, 3.8 or 7.7 ms).
+        zeroed: a step may read every column of the buffer, those past each row's position
+            masked (the compiled step). Every buffer is then made with zeroed memory, not
+            whatever bits it held (masked columns are weighted by zero: a NaN there would
+            spread).
+        tight: every step reads every column: the capacity is kept within INITIAL_CAPACITY
+            columns of those in use, grown and shrunk in such steps rather than doubled (a
+            step of 60 rows reads 16, 32 or 64 columns in 1.4, 1.8 or 2.3 ms; of 160 rows, in
+            2.9, 3.8 or 7.7 ms). Where only steps of a few rows do (-compile -int8), doubling
+            zeroes less memory than such reads cost.
     """
 
     def __init__(self, layers: int, rows: int, heads: int, dim: int, dtype, device,
-                 reads_capacity: bool = False):
-        self.reads_capacity = reads_capacity
-        self.new = torch.zeros if reads_capacity else torch.empty
+                 zeroed: bool = False, tight: bool = False):
+        self.tight = tight
+        self.new = torch.zeros if zeroed or tight else torch.empty
         self.buffer = self.new(layers, 2, rows, heads, INITIAL_CAPACITY, dim, dtype=dtype,
                                device=device)
         self.rows = rows  # buffer rows in use: the first ``rows``
@@ -67,10 +70,10 @@ class KVCache:
         return self.buffer[:, :, :self.rows, :, :self.length]
 
     def reserve(self, steps: int) -> None:
-        """Makes room for ``steps`` more positions (reads_capacity: and no more than
-        INITIAL_CAPACITY columns beside, where the furthest row went back: sentences left)."""
+        """Makes room for ``steps`` more positions (tight: and no more than INITIAL_CAPACITY
+        columns beside, where the furthest row went back: sentences left)."""
         needed, capacity = self.length + steps, self.buffer.size(4)
-        if self.reads_capacity:
+        if self.tight:
             if needed > capacity or capacity - needed > INITIAL_CAPACITY:
                 self._resize(-(-needed // INITIAL_CAPACITY) * INITIAL_CAPACITY)
         elif needed > capacity:

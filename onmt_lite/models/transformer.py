@@ -219,13 +219,16 @@ class TransformerDecoder(nn.Module):
         attn = self.layers[0].self_attn
         self.cache = KVCache(len(self.layers), memory.size(0), attn.heads, attn.dim_per_head,
                              memory.dtype, memory.device,
-                             reads_capacity=self.compiled_step is not None)
+                             zeroed=self.compiled_step is not None,  # it reads capacity
+                             tight=self.compiled_step is not None  # at every step's rows
+                             and not self.compiled_step.few_rows_only)
 
     def memory_kv(self, memory: torch.Tensor):
         """Each layer's context keys and values of ``memory`` (B, S, H), as the layer makes
         them (by one program with -compile)."""
-        if self.compiled_step is not None and not torch.is_grad_enabled():
-            return self.compiled_step.memory_kv(memory)
+        step = self.compiled_step
+        if step is not None and step.memory_program is not None and not torch.is_grad_enabled():
+            return step.memory_kv(memory)
         return [layer.memory_kv(memory) for layer in self.layers]
 
     def map_state(self, fn: StateFn) -> None:
@@ -321,7 +324,8 @@ class TransformerDecoder(nn.Module):
 
     def step(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One decoding step: tokens (B,) -> output (B, H), attention (B, S)."""
-        if self.compiled_step is not None and not torch.is_grad_enabled():
-            return self.compiled_step(self, tokens)
+        step = self.compiled_step
+        if step is not None and step.takes(tokens.size(0)) and not torch.is_grad_enabled():
+            return step(self, tokens)
         out, attn = self.forward(tokens.unsqueeze(1))
         return out.squeeze(1), attn.squeeze(1)
