@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,11 +41,13 @@ def start_libretranslate(venv: str, packages: str, port: int, work: str):
         venv, make_libretranslate.linked_twice(packages, tempfile.mkdtemp(dir=work)), port)
 
 
-def start_onmt_lite(packages: str, port: int):
+def start_onmt_lite(packages: str, port: int, options: str = ""):
+    """``onmt_lite serve -argos_packages packages`` with ``options`` (-serve_options)."""
     from serve_bench import wait_ready
     process = subprocess.Popen(
         [sys.executable, "-m", "onmt_lite", "serve", "-argos_packages", packages, "-port",
-         str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         str(port), *shlex.split(options)], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     wait_ready(process, port, "/ready")
     return process
 
@@ -139,7 +142,8 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
         references = [line.rstrip("\n") for line in f][:len(lines)]
     starts = {"LibreTranslate": lambda port: start_libretranslate(
                   args.libretranslate, args.argos_packages, port, work),
-              "onmt_lite": lambda port: start_onmt_lite(args.argos_packages, port)}
+              "onmt_lite": lambda port: start_onmt_lite(args.argos_packages, port,
+                                                        args.serve_options)}
     rounds = []
     for r in range(args.rounds):
         names = list(starts) if r % 2 == 0 else list(starts)[::-1]
