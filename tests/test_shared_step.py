@@ -129,7 +129,7 @@ def _compiled(translator) -> list:
     many positions its rows stand at."""
     model, positions = translator.model, []
 
-    def build(program, args, shapes, name):
+    def build(program, args, shapes, name, inline=False):
         if not name.startswith("step-"):  # the memory's keys and values
             return program
         return lambda *args: positions.append(args[1].unique().numel()) or program(*args)
