@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from onmt_lite.models import kv_cache
 from onmt_lite.models.kv_cache import INITIAL_CAPACITY, KVCache
 from onmt_lite.models.model import replica
 from onmt_lite.search.loop import fill_gaps
@@ -21,8 +22,12 @@ def from_scratch(model, src, src_len, sentence, history):
     return out[:, -1], attn[:, -1]
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["copied whole", "rows that move"])
 @pytest.mark.parametrize("seed", range(4))
-def test_every_row_follows_its_own_history(transformer_model, padded_batch, tgt_vocab, seed):
+def test_every_row_follows_its_own_history(transformer_model, padded_batch, tgt_vocab, seed,
+                                           whole, monkeypatch):
+    if not whole:
+        monkeypatch.setattr(kv_cache, "WHOLE_COPY", 0)
     model, (src, src_len, tgt) = transformer_model, padded_batch
     reference = replica(model)  # same weights, a decoder of its own
     rng, k = random.Random(seed), 3
@@ -91,9 +96,12 @@ def test_a_cache_read_whole_grows_and_tiles_into_zeroed_memory_and_stays_tight()
     assert zeroed.buffer.size(4) == 32 and not zeroed.buffer.any()  # doubled, zeroed
 
 
-def test_rows_that_swap_histories():
+@pytest.mark.parametrize("whole", [True, False], ids=["copied whole", "rows that move"])
+def test_rows_that_swap_histories(whole, monkeypatch):
     # row 0 takes row 1's history and row 1 row 0's: copied one by one in order, row 1 would
     # read row 0 after it was overwritten
+    if not whole:
+        monkeypatch.setattr(kv_cache, "WHOLE_COPY", 0)
     cache = KVCache(1, 2, 1, 1, torch.float, "cpu")
     cache.reserve(1)
     cache.append(0, torch.tensor([[[[1.0]]], [[[2.0]]]]), torch.tensor([[[[3.0]]], [[[4.0]]]]))
