@@ -5,7 +5,7 @@ from conftest import SRC_WORDS, TINY_MODELS, make_model
 
 import onmt_lite.translate.translator as translator_module
 from onmt_lite.models.inference import for_inference
-from onmt_lite.models.model import replica
+from onmt_lite.models.model import pin_submodules, replica
 from onmt_lite.translate import DecodingOptions, Translator
 from onmt_lite.translate.workers import WorkerPool
 
@@ -28,9 +28,13 @@ def test_inter_threads_give_the_same_translations(model_name, precision, src_voc
             (three.index, three.preds, three.scores, three.gold_score)
 
 
-def test_replica_shares_weights_not_decoder_state(src_vocab, tgt_vocab):
+@pytest.mark.parametrize("pinned", [False, True], ids=["plain", "pinned"])
+def test_replica_shares_weights_not_decoder_state(src_vocab, tgt_vocab, pinned):
     model = make_model(TINY_MODELS["transformer"], src_vocab, tgt_vocab)
+    if pinned:  # as for_inference leaves it
+        pin_submodules(model)
     twin = replica(model)
+    assert vars(twin).get("decoder", twin.decoder) is twin.decoder
     assert twin.decoder is not model.decoder and twin.encoder is model.encoder
     assert twin.decoder.layers[0].self_attn.linear_query.weight is \
         model.decoder.layers[0].self_attn.linear_query.weight
@@ -123,3 +127,14 @@ def test_a_model_loads_on_one_thread_and_decodes_on_the_threads_it_had(tmp_path,
     torch.set_num_threads(2)
     translator = module.build_translator({"model": path})
     assert seen == [1] and torch.get_num_threads() == 2 and translator.cores == 2
+
+
+def test_pinned_submodules_are_the_modules_and_a_swap_unpins():
+    """pin_submodules puts each submodule in its parent's instance dictionary (found there
+    without nn.Module's __getattr__); one replaced through setattr is the new one."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+    pin_submodules(model)
+    assert vars(model)["0"] is model._modules["0"] and vars(model[1])["0"] is model[1][0]
+    swapped = torch.nn.Linear(2, 2)
+    setattr(model, "0", swapped)
+    assert getattr(model, "0") is swapped and model[0] is swapped

@@ -34,7 +34,7 @@ from onmt_lite.models.bfloat16 import has_bf16_units, to_bfloat16
 from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.int8 import pick_engine, quantize, quantize_rows
-from onmt_lite.models.model import NMTModel
+from onmt_lite.models.model import NMTModel, pin_submodules
 from onmt_lite.models.onednn import mkl_is_slow, to_onednn
 from onmt_lite.models.state import StateFn
 from onmt_lite.models.transformer import TransformerDecoder
@@ -154,6 +154,7 @@ def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTMode
     if plan.onednn:  # what is left in fp32 (all of it, or the output layer of mixed; a
         # compiled output keeps its own, faster than these products and a log-softmax)
         to_onednn(model, skip=_compiled_parts(model))
+    pin_submodules(model)
     return model
 
 
