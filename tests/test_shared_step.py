@@ -378,3 +378,24 @@ def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
     alone = [t.output_lines() for t in translator.translate(DEMO[:2], batch_size=1)]
     assert [(m[1], m[3][0]) for m in messages if m[0] == "sentence"] == list(enumerate(alone))
     assert [m[:2] for m in messages if m[0] == "done"] == [("done", 0), ("done", 1)]
+
+
+def test_int8_decoders_with_programs_for_a_few_rows_step_together(monkeypatch):
+    """-compile -int8: several searches' steps run as one through the int8 layers (their rows
+    together are more than a few); a step run alone takes its program where it has few rows.
+    A decoder compiled whole steps alone."""
+    from onmt_lite.models import aot
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    hybrid = build_translator({"model": MODEL, "beam_size": 2, "int8": True, "compile": True})
+    whole = build_translator({"model": MODEL, "beam_size": 2, "compile": True})
+    assert hybrid.model.decoder.compiled_step.few_rows_only
+    with inference():
+        assert shared_step._together("step", hybrid.model.decoder) == (
+            "fast_step", id(hybrid.model.decoder.layers))
+        assert shared_step._together("step", whole.model.decoder) is None
+    rows = []
+    joined = shared_step._fast_steps
+    monkeypatch.setattr(shared_step, "_fast_steps",
+                        lambda requests: rows.append(len(requests)) or joined(requests))
+    got = _joined_at_steps(hybrid, [DEMO[:3], DEMO[3:4], DEMO[4:] + DEMO[:2]], [0, 2, 4])
+    assert max(rows) == 3 and all(len(t.preds[0]) > 0 for batch in got for t in batch)

@@ -56,9 +56,12 @@ def _alone(kind: str, owner, x: torch.Tensor):
 
 
 def _together(kind: str, owner):
-    """The key of the requests that run together with this one; None: it runs alone."""
+    """The key of the requests that run together with this one; None: it runs alone. Steps
+    of -compile -int8 decoders run together through their int8 layers (a step alone, of a few
+    rows, through its program)."""
+    compiled = getattr(owner, "compiled_step", None)
     if kind == "step" and isinstance(owner, TransformerDecoder) \
-            and owner.compiled_step is None and not torch.is_grad_enabled():
+            and (compiled is None or compiled.few_rows_only) and not torch.is_grad_enabled():
         if all(type(layer) is DecoderLayer for layer in owner.layers):
             return kind, id(owner.layers)
         if all(type(layer) is FastDecoderLayer for layer in owner.layers):
