@@ -17,7 +17,7 @@ import torch
 from conftest import SRC_WORDS, TINY_RNNS, TINY_TRANSFORMER, make_model
 from parity import FIXTURES, TEST_SRC, available
 
-from onmt_lite.models import aot, compiled_step, fast
+from onmt_lite.models import aot, compiled_step, fast, inference
 from onmt_lite.models.bfloat16 import Bfloat16Linear
 from onmt_lite.models.compiled_step import CompiledStep
 from onmt_lite.models.inference import for_inference
@@ -320,6 +320,36 @@ def test_compile_with_int8_compiles_the_steps_of_a_few_rows_from_fp32_copies(src
                 assert torch.allclose(ours, theirs, atol=1e-5)
                 assert torch.allclose(attn, attn_theirs, atol=1e-6)
     assert sorted(step.programs) == [(1, True)]
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["compiled", "compiled int8"])
+def test_a_compiled_model_written_for_the_lanes_loads_its_programs_again(tmp_path, monkeypatch,
+                                                                        int8):
+    """The server writes a -compile model to a file the lanes map: its programs go without
+    their code and builder, and attach_programs gives them a builder again (in a lane: one
+    that loads the code from the compile cache); the translations are the model's."""
+    from conftest import tiny_checkpoint
+    built = []
+
+    def build(program, *_):
+        built.append(type(program).__name__)
+        return program
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": build)
+    monkeypatch.setattr(inference, "mkl_is_slow", lambda: False)  # oneDNN's packed weights
+    # cannot be written: such a model is built by each lane
+    translator = build_translator({"model": tiny_checkpoint(tmp_path / "tiny.pt"), "beam_size": 3,
+                                   "compile": True, "int8": int8})
+    lines = _lines(12, 3)
+    expected = [t.output_lines() for t in translator.translate(lines, batch_size=4)]
+    torch.save(translator, tmp_path / "written.pt")
+    loaded = torch.load(tmp_path / "written.pt", mmap=True, weights_only=False)
+    step = loaded.model.decoder.compiled_step
+    assert step.build is None and all(p.build is None and p.program is None
+                                      for p in step.programs.values())
+    inference.attach_programs(loaded.model)
+    count = len(built)
+    assert [t.output_lines() for t in loaded.translate(lines, batch_size=4)] == expected
+    assert len(built) > count and step.few_rows_only == int8
 
 
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):

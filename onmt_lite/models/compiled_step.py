@@ -43,6 +43,7 @@ GPU is part of this path's measurements), and CUDA graphs would need shapes that
 finished rows kept and masked instead of dropped, and one capacity for the whole batch.
 """
 import copy
+import functools
 import hashlib
 import os
 import threading
@@ -169,6 +170,12 @@ class Program:
     def __init__(self, build: Builder, make: Callable[[], tuple]):
         self.build, self.make = build, make
         self.program = None
+
+    def __getstate__(self) -> dict:
+        """Pickled without its compiled code and builder (the server's lanes map a model
+        written with its programs: attach gives them a builder, which loads the code from the
+        compile cache at the first call)."""
+        return {"build": None, "make": self.make, "program": None}
 
     def __call__(self, *args):
         if self.program is None:
@@ -336,8 +343,11 @@ class CompiledStep:
         program = self.programs.get((group, small))
         if program is None:  # setdefault: threads that meet a group together share one
             program = self.programs.setdefault((group, small), Program(
-                self.build, lambda: self._make_step(decoder, group, small)))
+                self.build, functools.partial(self._make_step, decoder, group, small)))
         return program
+
+    def __getstate__(self) -> dict:
+        return dict(vars(self), build=None)  # see Program.__getstate__; attach
 
     def _make_step(self, decoder, group: int, small: bool) -> tuple:
         args, shapes = self.example(decoder, group)
@@ -378,6 +388,20 @@ class CompiledStep:
         if self.made_of is None:
             self.made_of = _made_of(self.decoder_modules)
         return f"{kind}-" + _name(self.made_of, self.decoder_modules[0].weight.device, *parts)
+
+
+def attach(model, build: Builder) -> None:
+    """Gives the programs of ``model`` (an NMTModel read back from a file: the server's lanes)
+    the builder they lost in pickling (see Program.__getstate__)."""
+    step = getattr(model.decoder, "compiled_step", None)
+    programs = [part.program for part in (model.compiled_encoder, model.compiled_output)
+                if part is not None]
+    if step is not None:
+        step.build = build
+        programs += [step.memory_program, *step.programs.values()]
+    for program in programs:
+        if program is not None:
+            program.build = build
 
 
 def compile_encoder(encoder: nn.Module, build: Builder,

@@ -31,7 +31,7 @@ from torch import nn
 from onmt_lite.errors import OptionError
 from onmt_lite.models import aot
 from onmt_lite.models.bfloat16 import has_bf16_units, to_bfloat16
-from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, compile_encoder
+from onmt_lite.models.compiled_step import CompiledOutput, CompiledStep, attach, compile_encoder
 from onmt_lite.models.fast import to_fast
 from onmt_lite.models.int8 import pick_engine, quantize, quantize_rows
 from onmt_lite.models.model import NMTModel, pin_submodules
@@ -176,6 +176,18 @@ def for_inference(model: NMTModel, device: str, int8: bool = False,
 
 def compiled_step(model: NMTModel) -> Optional[CompiledStep]:
     return getattr(model.decoder, "compiled_step", None)
+
+
+def attach_programs(model, compile_cache: str = "") -> None:
+    """The compiled programs of ``model`` (an NMTModel or ensemble read back from a file, as
+    the server's lanes map it) loaded from ``compile_cache`` at their first call; without a
+    compiler here, the model runs uncompiled."""
+    build = aot.aot_compiler(compile_cache)
+    for part in getattr(model, "models", [model]):
+        if build is None:
+            uncompile(part)
+        else:
+            attach(part, build)
 
 
 def uncompile(model: NMTModel) -> None:

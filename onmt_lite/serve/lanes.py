@@ -261,7 +261,11 @@ def _load(source: ModelSource):
     model it loaded as data, in a folder only its user can write, and a lane trusts it as it
     trusts every message the server pickles onto its pipe."""
     if source.weights is not None:
-        return torch.load(source.weights, mmap=True, weights_only=False)
+        translator = torch.load(source.weights, mmap=True, weights_only=False)
+        if source.options.get("compile"):  # its programs load from the compile cache
+            from onmt_lite.models.inference import attach_programs
+            attach_programs(translator.model, source.options.get("compile_cache") or "")
+        return translator
     from onmt_lite.translate.build import build_translator  # in the child: after threads
     return build_translator(source.options)
 

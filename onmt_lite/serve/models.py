@@ -124,8 +124,7 @@ class Residency:
         (the server's own process then frees its copy), room made for it: (batcher, the
         model's memory, the weights' file or None)."""
         weights, joinable = weights_bytes(translator.model), translator.joinable()
-        path = None if options.get("compile") else self.weights.write(
-            translator, f"model{model.id}")
+        path = self.weights.write(translator, f"model{model.id}")
         translator.model = None  # the lanes decode, each mapping the file
         if path is not None:
             free_memory()

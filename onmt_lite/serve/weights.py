@@ -55,8 +55,9 @@ class WeightFiles:
 
     def write(self, translator, name: str) -> Optional[str]:
         """The path of a file of ``translator`` (its model included), for the lanes to map;
-        None where the translator cannot be written (compiled programs): each lane then
-        builds its own copy, and one line says so."""
+        None where the translator cannot be written: each lane then builds its own copy,
+        and one line says so. Compiled programs are written without their code, which each
+        lane loads from the compile cache (compiled_step.attach)."""
         with self.lock:
             if self.folder is None:
                 _remove_stale()
