@@ -205,9 +205,20 @@ def test_logits_are_read_only_at_the_steps_a_processor_acts(tmp_path, monkeypatc
     monkeypatch.setattr(model, "log_probs", lambda out: asked.append("log_probs") or log_probs(out))
     monkeypatch.setattr(model.decoder, "step", lambda tokens: asked.append("step") or step(tokens))
     quick = translator.translate(lines, batch_size=3)
-    from onmt_lite.search import processors
-    for kind in (processors.Processor, processors.MinLength, processors.ForcedEOS):
-        monkeypatch.setattr(kind, "acts", lambda self, step: True)
+    import dataclasses
+
+    import onmt_lite.translate.translator as translator_module
+    from onmt_lite.search.processors import Processor
+
+    class Unchanged(Processor):  # acts at every step (Processor.acts), changing nothing
+        def __call__(self, scores, step, history):
+            pass
+    build_search = translator_module.build_search
+
+    def with_unchanged(*args, **kwargs):
+        search = build_search(*args, **kwargs)
+        return dataclasses.replace(search, processors=[*search.processors, Unchanged()])
+    monkeypatch.setattr(translator_module, "build_search", with_unchanged)
     every = build_translator(options).translate(lines, batch_size=3)
     assert [t.preds for t in quick] == [t.preds for t in every]
     assert [t.scores for t in quick] == [t.scores for t in every]

@@ -6,6 +6,7 @@ serves every model, precision, torch and CPU it has met; a crash never leaves ha
 under its name.
 """
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -81,17 +82,20 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
 # for a few rows take them (compiled_step.SMALL_ROWS).
 INLINE_PRODUCTS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 _inline = threading.local()
-_template_first_added = []  # once per process
+
+
+@functools.lru_cache(maxsize=None)
+def _add_template_first() -> None:
+    """Hands Inductor _template_first, once a process."""
+    from torch._inductor import select_algorithm
+    select_algorithm.add_preprocessing_fn(_template_first)
 
 
 @contextlib.contextmanager
 def _inline_products(on: bool):
     """While on, every product that Inductor's C++ template can make takes it, without timing
     it against the library call (which would compile each candidate: seconds a product)."""
-    if not _template_first_added:
-        from torch._inductor import select_algorithm
-        select_algorithm.add_preprocessing_fn(_template_first)
-        _template_first_added.append(True)
+    _add_template_first()
     _inline.on = on
     try:
         yield

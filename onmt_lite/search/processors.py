@@ -40,7 +40,7 @@ class MinLength(Processor):
         self.min_length, self.eos, self.value = min_length, eos, value
 
     def __call__(self, scores, step, history):
-        if step <= self.min_length:
+        if self.acts(step):
             scores[:, self.eos] = self.value
 
     def acts(self, step):
@@ -101,7 +101,7 @@ class ForcedEOS(Processor):
         return step == self.max_length
 
     def __call__(self, scores, step, history):
-        if step == self.max_length:
+        if self.acts(step):
             if self.keep_score:
                 scores[:, :self.eos] = NEG_INF
                 scores[:, self.eos + 1:] = NEG_INF
