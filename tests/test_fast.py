@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -454,25 +455,94 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
 
 
 def _served_with_the_compiled_programs(model, cache, lines, made, expected):
-    """The server's lanes load the programs too: one-sentence requests from 8 clients join
-    each other's searches between steps, through the compiled step, and each gets the line
+    """The server's lanes load the programs too, once the server has swapped its uncompiled
+    model for them (here at once: the cache holds them): one-sentence requests from 8 clients
+    join each other's searches between steps, through the compiled step, and each gets the line
     the uncompiled step finds for it alone."""
-    pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-    from test_serve import Server
-    server = Server("-compile", "-compile_cache", str(cache), "-precision", "fp32",
-                    "-beam_size", "3", "-max_length_ratio", "0", "-max_length", "24",
-                    model=model, start_s=300)
+    server = _compile_server(model, "-compile_cache", str(cache))
     try:
-        with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda line: http.post("/translator/translate", json=[
-                {"src": line, "id": 0}]).json()[0][0]["tgt"], lines * 3))
+        _wait_for_line(server, "its compiled programs are ready", 120)
+        answers = _answers(server, lines * 3)
     finally:
         server.stop()
     assert answers == expected * 3
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+
+
+def _compile_server(model, *options, env=None):
+    pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
+    from test_serve import Server
+    return Server("-compile", "-precision", "fp32", "-beam_size", "3", "-max_length_ratio", "0",
+                  "-max_length", "24", *options, model=model, start_s=300, env=env)
+
+
+def _answers(server, lines):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda line: http.post("/translator/translate", json=[
+            {"src": line, "id": 0}]).json()[0][0]["tgt"], lines))
+
+
+def _wait_for_line(server, text: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not any(text in line for line in server.log):
+        assert time.monotonic() < deadline, "".join(server.log)
+        assert server.process.poll() is None, "".join(server.log)
+        time.sleep(0.1)
+
+
+def _uncompiled_lines(model, lines):
+    uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32",
+                                   "max_length_ratio": 0, "max_length": 24})
+    fast.to_fast(uncompiled.model.decoder)
+    return [" ".join(t.preds[0]) for t in uncompiled.translate(lines, batch_size=1)]
+
+
+@pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
+def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_path):
+    """With an empty compile cache, building the programs takes a minute or more: the server
+    is ready in seconds and answers on the uncompiled fast path meanwhile, the programs built
+    in a process of their own."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    lines = _lines(6, 7)
+    start = time.monotonic()
+    server = _compile_server(model, "-compile_cache", str(tmp_path / "cache"))
+    try:
+        ready = time.monotonic() - start
+        answers = _answers(server, lines)
+        log = "".join(server.log)
+        children = subprocess.run(["ps", "--ppid", str(server.process.pid), "-o", "args="],
+                                  capture_output=True, text=True).stdout
+    finally:
+        server.stop()
+    assert ready < 30, log
+    assert "its programs are built (or loaded from the compile cache) beside it; it answers " \
+        "uncompiled meanwhile" in log
+    assert "its compiled programs are ready" not in log
+    assert answers == _uncompiled_lines(model, lines)
+    assert children.count("multiprocessing.spawn") == 3, children  # two lanes and the builder
+
+
+def test_a_compile_server_without_a_compiler_answers_uncompiled(tmp_path):
+    """Without a compiler, the process that builds the programs says so in one line and
+    ends; the server decodes uncompiled and says nothing more."""
+    from conftest import tiny_checkpoint
+    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    lines = _lines(6, 8)
+    server = _compile_server(model, env=dict(os.environ, CXX="/no/such/compiler"))
+    try:
+        _wait_for_line(server, "-compile: no C++ compiler found (looked for /no/such/compiler",
+                       60)
+        time.sleep(1)  # its end is seen
+        answers = _answers(server, lines)
+        log = "".join(server.log)
+    finally:
+        server.stop()
+    assert "its compiled programs are ready" not in log and "failed" not in log, log
+    assert answers == _uncompiled_lines(model, lines)
 
 
 @pytest.mark.skipif(not available(), reason="../shared/fixtures/onmt-py is absent")

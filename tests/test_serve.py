@@ -312,7 +312,7 @@ class Server:
     read as it comes (a long run's log would fill a pipe nobody reads), and it starts under a
     soft limit of ``nofile`` open files when given."""
 
-    def __init__(self, *options, model=MODEL, start_s=60, nofile=None):
+    def __init__(self, *options, model=MODEL, start_s=60, nofile=None, env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log, limit = [], None
@@ -324,7 +324,7 @@ class Server:
             [sys.executable, "-m", "onmt_lite", "serve", "-model", model, "-src_lang", "en",
              "-tgt_lang", "de", "-port", str(self.port), *options],
             cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            preexec_fn=limit)
+            preexec_fn=limit, env=env)
         threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
         deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:

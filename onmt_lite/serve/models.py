@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 import torch
 
 from onmt_lite.options import config_value
+from onmt_lite.serve import compiling
 from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
 from onmt_lite.serve.limits import MIB, LimitError, SearchLimits, SearchShape, model_memory
@@ -128,6 +129,12 @@ class Residency:
         translator.model = None  # the lanes decode, each mapping the file
         if path is not None:
             free_memory()
+        return self.serve_file(model, options, path, weights, joinable)
+
+    def serve_file(self, model: "ServedModel", options: dict, path: Optional[str],
+                   weights: int, joinable: bool) -> tuple:
+        """serve's, for a translator already written to ``path`` (None: each lane builds its
+        own from ``options``) whose model holds ``weights`` bytes."""
         memory = model_memory(weights, self.lanes, path is not None)
         self._started()
         try:
@@ -205,6 +212,8 @@ class ServedModel:
         self.batcher: Optional[Batcher] = None
         self.translator = None
         self.lock = threading.Lock()  # loading and unloading
+        self.loads = 0  # loads begun: a compilation (compiling.py) serves only its own
+        self.compiler = None  # the process building its programs (-compile), while it runs
         self.timer: Optional[threading.Timer] = None
 
     @property
@@ -225,15 +234,18 @@ class ServedModel:
             if self.state == "ready":
                 return
             self.state = "loading"
+            self.loads += 1
             start = time.monotonic()
+            options = dict(vars(self.options), keep_attention=self.options.replace_unk,
+                           inter_threads=1, workers=1)
+            first = compiling.uncompiled(options) if options.get("compile") else options
             try:
-                options = dict(vars(self.options), keep_attention=self.options.replace_unk,
-                               inter_threads=1, workers=1)
-                translator = build_translator(options)  # here: checked, and the tokenizer
+                translator = build_translator(first)  # here: checked, and the tokenizer
                 self.shape = SearchShape.of(translator.model)
                 self._check_memory([1])  # a one-token sentence fits
                 self.used = time.monotonic()
-                self.batcher, self.memory, self.weights = self.host.serve(self, options,
+                weights, joinable = weights_bytes(translator.model), translator.joinable()
+                self.batcher, self.memory, self.weights = self.host.serve(self, first,
                                                                           translator)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
@@ -244,7 +256,50 @@ class ServedModel:
             self.state, self.error = "ready", ""
             logger.info("%s loaded in %.2f s (about %.0f MiB)", self.spec.describe(),
                         self.load_time, self.memory / MIB)
+            if first is not options:
+                threading.Thread(target=self._compile, args=(options, weights, joinable,
+                                                                 self.loads),
+                                 daemon=True, name="onmt_lite-compile").start()
         self._reset_timer()
+
+    def _compile(self, options: dict, weights: int, joinable: bool, load: int) -> None:
+        """-compile: the model's programs built in a process of their own while it answers
+        uncompiled (compiling.py), then its batcher swapped for one that decodes through them;
+        the old one finishes its sentences and goes."""
+        start, name = time.monotonic(), f"model{self.id}"
+        path = self.host.weights.path(f"{name}-compiled")
+        with self.lock:
+            if self.loads != load or self.state != "ready":
+                return
+            logger.info("%s: -compile: its programs are built (or loaded from the compile "
+                        "cache) beside it; it answers uncompiled meanwhile", self.spec.describe())
+            self.compiler = process = compiling.start(options, path, name)
+        process.join()
+        code = process.exitcode
+        with self.lock:
+            self.compiler = None
+            current = self.loads == load and self.state == "ready"
+            if code not in (compiling.WRITTEN, compiling.NOT_WRITTEN) or not current:
+                remove(path)
+                if current and code != compiling.NOT_COMPILED:
+                    logger.error("%s: -compile: building its programs failed (exit status "
+                                 "%s): it decodes uncompiled", self.spec.describe(), code)
+                return
+            old, old_weights = self.batcher, self.weights
+            try:
+                self.batcher, self.memory, self.weights = self.host.serve_file(
+                    self, options, path if code == compiling.WRITTEN else None, weights,
+                    joinable)
+            except Exception as err:  # noqa: BLE001 - it serves on uncompiled
+                remove(path)
+                logger.error("%s: -compile: its compiled programs could not be served (%s: "
+                             "%s): it decodes uncompiled", self.spec.describe(),
+                             type(err).__name__, err)
+                return
+            logger.info("%s: its compiled programs are ready (%.1f s): it decodes through "
+                        "them", self.spec.describe(), time.monotonic() - start)
+        old.stop(True)  # its sentences finish uncompiled
+        remove(old_weights)
 
     def unload(self, drain: bool = True, wait: bool = True) -> bool:
         """Frees the model; sentences queued are finished first (``drain``). Without
@@ -257,6 +312,8 @@ class ServedModel:
                 return False
             if self.timer is not None:
                 self.timer.cancel()
+            if self.compiler is not None:
+                self.compiler.terminate()
             if self.batcher is not None:
                 self.batcher.stop(drain)
             remove(self.weights)

@@ -58,27 +58,37 @@ class WeightFiles:
         None where the translator cannot be written: each lane then builds its own copy,
         and one line says so. Compiled programs are written without their code, which each
         lane loads from the compile cache (compiled_step.attach)."""
+        path = self.path(name)
+        return path if write_translator(translator, path, name) else None
+
+    def path(self, name: str) -> str:
+        """A new file's path in the folder (made at the first one)."""
         with self.lock:
             if self.folder is None:
                 _remove_stale()
                 self.folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
             self.count += 1
-            path = os.path.join(self.folder, f"{self.count}-{name}.pt")
-        try:
-            torch.save(translator, path)
-        except Exception as err:  # noqa: BLE001 - any object torch cannot write: lanes build it
-            logger.info("%s: its weights are not shared between the lanes: it cannot be "
-                        "written for them to map (%s: %s); each lane loads its own copy", name,
-                        type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
-            remove(path)
-            return None
-        return path
+            return os.path.join(self.folder, f"{self.count}-{name}.pt")
 
     def close(self) -> None:
         with self.lock:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 self.folder = None
+
+
+def write_translator(translator, path: str, name: str) -> bool:
+    """Writes ``translator`` to ``path`` (WeightFiles.write); False, after one line that says
+    why, where torch cannot write it."""
+    try:
+        torch.save(translator, path)
+    except Exception as err:  # noqa: BLE001 - any object torch cannot write: lanes build it
+        logger.info("%s: its weights are not shared between the lanes: it cannot be "
+                    "written for them to map (%s: %s); each lane loads its own copy", name,
+                    type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+        remove(path)
+        return False
+    return True
 
 
 def remove(path: Optional[str]) -> None:
