@@ -165,9 +165,10 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
     return result
 
 
-def first_answers(packages: str, runs: int) -> dict:
-    """-first_answer N: the seconds from launching ``onmt_lite serve -argos_packages DIR`` to
-    its first answer of /translate (one sentence), N launches; median, min, max."""
+def first_answers(packages: str, runs: int, options: str = "") -> dict:
+    """-first_answer N: the seconds from launching ``onmt_lite serve -argos_packages DIR`` (and
+    ``options``, -serve_options) to its first answer of /translate (one sentence), N launches;
+    median, min, max."""
     from serve_bench import free_port
     body = json.dumps({"q": "A dog runs.", "source": "en", "target": "de"}).encode()
     times = []
@@ -175,7 +176,8 @@ def first_answers(packages: str, runs: int) -> dict:
         port, start = free_port(), time.perf_counter()
         process = subprocess.Popen(
             [sys.executable, "-m", "onmt_lite", "serve", "-argos_packages", packages, "-port",
-             str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             str(port), *shlex.split(options)], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
         try:
             while process.poll() is None:
                 request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", body,
@@ -194,6 +196,6 @@ def first_answers(packages: str, runs: int) -> dict:
             process.wait()
     result = {"runs": runs, "median_s": statistics.median(times), "min_s": min(times),
               "max_s": max(times)}
-    print(f"first answer: {result['median_s']:.2f} s ({result['min_s']:.2f}-"
-          f"{result['max_s']:.2f}), {runs} launches")
+    print(f"first answer{' with ' + options if options else ''}: {result['median_s']:.2f} s "
+          f"({result['min_s']:.2f}-{result['max_s']:.2f}), {runs} launches")
     return result

@@ -383,7 +383,8 @@ def main(argv=None) -> None:
     settings = [(c, n) for n in args.per_request for c in args.clients]
     if args.first_answer:
         from libre_bench import first_answers
-        results["first_answer"] = first_answers(args.argos_packages, args.first_answer)
+        results["first_answer"] = first_answers(args.argos_packages, args.first_answer,
+                                                args.serve_options)
         write_json(args, results)
         return
     if args.libretranslate:  # raw text: the packages read it through their sentencepiece
