@@ -173,7 +173,9 @@ def test_a_sentence_that_kills_every_lane_it_reaches_fails_alone(translator):
             futures[0].result(timeout=120)
         assert [f.result(timeout=120)[0][0] for f in futures[1:]] == \
             [t.output_lines()[0] for t in translator.translate(DEMO[:5])]
-        assert len(kills) == 2
+        # distinct lanes: the pool's collector may reap a killed lane while this thread joins
+        # it, and multiprocessing then reports it alive a moment longer
+        assert len(set(kills)) == 2
         done.set()
         again = batcher.submit([others[0]], Settings(1))
         assert again[0].result(timeout=120)[0][0] == \

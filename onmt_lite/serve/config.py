@@ -1,6 +1,7 @@
 """What the server serves: one model from command-line options, or several from a conf.json in
 OpenNMT-py's server format (``models_root``, ``models`` with ``id``, ``model``, ``timeout``,
 ``on_timeout``, ``load``, ``opt``, ``tokenizer``), plus ``src_lang`` / ``tgt_lang`` per model."""
+import argparse
 import json
 import logging
 import os
@@ -12,6 +13,8 @@ from typing import List, Optional, Tuple
 
 from onmt_lite import argos
 from onmt_lite.errors import OptionError
+from onmt_lite.options import config_value
+from onmt_lite.translate.flags import build_parser
 
 logger = logging.getLogger("onmt_lite")
 
@@ -230,3 +233,30 @@ def package_languages(path: str) -> Tuple[str, str]:
                 f.write(data)
             metadata = argos.read_metadata(into, path)
     return metadata["from_code"], metadata["to_code"]
+
+
+# OpenNMT-py server options without a translate.py flag here, read by the server itself
+# (report_align: each answer's alignment; batch_size: sentences per batch) or without effect on a
+# CPU server that logs anyway (verbose, gpu)
+SERVER_OPTIONS = frozenset({"report_align", "batch_size", "verbose", "gpu"})
+
+
+def translate_options(spec: ModelSpec) -> argparse.Namespace:
+    """translate.py's options for ``spec``: its defaults, then the spec's opt values checked as
+    a YAML -config's are. Raises ConfError naming the option."""
+    parser = build_parser()
+    args = parser.parse_args(["-model", spec.path, "-src", "-"])
+    actions = {a.dest: a for a in parser._actions}
+    given = set()
+    for name, value in spec.opt.items():
+        if name in SERVER_OPTIONS:
+            continue
+        if name not in actions or name == "help":
+            raise ConfError(f"{spec.describe()}: unknown option '{name}'")
+        try:
+            setattr(args, name, config_value(actions[name], value))
+        except argparse.ArgumentTypeError as err:
+            raise ConfError(f"{spec.describe()}: {name}: {err}") from None
+        given.add(name)
+    args.given_options = frozenset(given)
+    return args

@@ -5,7 +5,6 @@ The models share the server's lanes (pool.py) and each model's weights are held 
 every lane maps (weights.py). Within ``-max_memory`` (limits.model_memory: the weights once,
 and a quarter of them in each lane), the least recently used models are unloaded to make room
 for one that loads; an unloaded model loads again at its next request (Residency)."""
-import argparse
 import asyncio
 import dataclasses
 import logging
@@ -17,24 +16,16 @@ from typing import Dict, List, Optional
 
 import torch
 
-from onmt_lite.options import config_value
 from onmt_lite.serve import compiling
 from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
-from onmt_lite.serve.config import ConfError, ModelSpec, check_opt
+from onmt_lite.serve.config import ConfError, ModelSpec, check_opt, translate_options
 from onmt_lite.serve.limits import MIB, LimitError, SearchLimits, SearchShape, model_memory
 from onmt_lite.serve.metrics import Metrics
 from onmt_lite.serve.pool import LanePool
 from onmt_lite.serve.weights import WeightFiles, free_memory, remove, weights_bytes
 from onmt_lite.translate.build import build_translator
-from onmt_lite.translate.flags import build_parser
 
 logger = logging.getLogger("onmt_lite")
-
-# OpenNMT-py server options without a translate.py flag here, read by the server itself
-# (report_align: each answer's alignment; batch_size: sentences per batch) or without effect on a
-# CPU server that logs anyway (verbose, gpu)
-SERVER_OPTIONS = frozenset({"report_align", "batch_size", "verbose", "gpu"})
-
 
 class ModelUnavailable(Exception):
     """A model that failed to load, or is stopping; the message says which and why."""
@@ -56,27 +47,6 @@ class Sentence:
     tgt_tokens: List[str] = field(default_factory=list)
     attention: Optional[List[List[float]]] = None
     alignments: Optional[List[tuple]] = None
-
-
-def translate_options(spec: ModelSpec) -> argparse.Namespace:
-    """translate.py's options for ``spec``: its defaults, then the spec's opt values checked as
-    a YAML -config's are. Raises ConfError naming the option."""
-    parser = build_parser()
-    args = parser.parse_args(["-model", spec.path, "-src", "-"])
-    actions = {a.dest: a for a in parser._actions}
-    given = set()
-    for name, value in spec.opt.items():
-        if name in SERVER_OPTIONS:
-            continue
-        if name not in actions or name == "help":
-            raise ConfError(f"{spec.describe()}: unknown option '{name}'")
-        try:
-            setattr(args, name, config_value(actions[name], value))
-        except argparse.ArgumentTypeError as err:
-            raise ConfError(f"{spec.describe()}: {name}: {err}") from None
-        given.add(name)
-    args.given_options = frozenset(given)
-    return args
 
 
 class Residency:
