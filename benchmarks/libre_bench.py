@@ -115,13 +115,17 @@ async def answers(port: int, lines, clients: int = 4, per_request: int = 10):
     return [line for chunk in found for line in chunk]
 
 
-def one_server(start, args, lines, references) -> dict:
-    from serve_bench import closed_loop, free_port
+def one_server(start, args, lines, references, compiled: bool = False) -> dict:
+    """One server's round; ``compiled``: after the warm-up (which loads the model), wait
+    until its programs are in place."""
+    from serve_bench import closed_loop, free_port, wait_compiled
     port = free_port()
     process = start(port)
     memory = PeakMemory(process.pid)
     try:
         asyncio.run(closed_loop(port, "libre", 32, 1, lines, 128))  # warm-up
+        if compiled:
+            wait_compiled(port)
         rate_32, _ = asyncio.run(closed_loop(port, "libre", 32, 1, lines, args.sentences))
         rate_4x10, _ = asyncio.run(closed_loop(port, "libre", 4, 10, lines, args.sentences))
         _, latencies = asyncio.run(closed_loop(port, "libre", 1, 1, lines,
@@ -147,7 +151,9 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
     rounds = []
     for r in range(args.rounds):
         names = list(starts) if r % 2 == 0 else list(starts)[::-1]
-        measured = {name: one_server(starts[name], args, lines, references) for name in names}
+        compiled = "-compile" in shlex.split(args.serve_options)
+        measured = {name: one_server(starts[name], args, lines, references,
+                                     compiled and name == "onmt_lite") for name in names}
         rounds.append(measured)
         print(f"round {r + 1}: " + "; ".join(
             f"{name} " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())

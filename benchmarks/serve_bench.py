@@ -162,6 +162,22 @@ def wait_ready(process, port: int, path: str, timeout: float = 120) -> None:
     raise RuntimeError("the server did not start")
 
 
+def wait_compiled(port: int, timeout: float = 900) -> None:
+    """Waits until every -compile model of the server decodes through its compiled programs
+    (/metrics: onmt_lite_model_compiled), built beside it after it loaded: figures are taken
+    from then on, not while it still answers uncompiled."""
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            states = re.findall(r'^onmt_lite_model_compiled\{[^}]*\} (\S+)$',
+                                answer.read().decode(), re.M)
+        if states and all(float(state) == 1 for state in states):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the server's programs were not in place after {timeout:.0f} s")
+
+
 def start_onmt_lite(args, port: int, root: str = ROOT):
     cmd = [sys.executable, "-m", "onmt_lite", "serve", "-model", args.model, "-src_lang", "en",
            "-tgt_lang", "de", "-port", str(port), "-beam_size", str(args.beam_size),
@@ -170,6 +186,8 @@ def start_onmt_lite(args, port: int, root: str = ROOT):
     process = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     wait_ready(process, port, "/ready")
+    if "-compile" in args.decoding.split() + args.serve_options.split():
+        wait_compiled(port)
     return process
 
 

@@ -463,8 +463,10 @@ def _served_with_the_compiled_programs(model, cache, lines, made, expected):
     try:
         _wait_for_line(server, "its compiled programs are ready", 120)
         answers = _answers(server, lines * 3)
+        compiled = _compiled_metric(server)
     finally:
         server.stop()
+    assert compiled == "1.0"
     assert answers == expected * 3
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 
@@ -483,6 +485,13 @@ def _answers(server, lines):
     with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda line: http.post("/translator/translate", json=[
             {"src": line, "id": 0}]).json()[0][0]["tgt"], lines))
+
+
+def _compiled_metric(server) -> str:
+    import httpx
+    text = httpx.get(server.url + "/metrics").text
+    return next(line.split()[-1] for line in text.splitlines()
+                if line.startswith('onmt_lite_model_compiled{model="0"}'))
 
 
 def _wait_for_line(server, text: str, seconds: float) -> None:
@@ -513,6 +522,7 @@ def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_pa
     try:
         ready = time.monotonic() - start
         answers = _answers(server, lines)
+        compiled = _compiled_metric(server)
         log = "".join(server.log)
         children = subprocess.run(["ps", "--ppid", str(server.process.pid), "-o", "args="],
                                   capture_output=True, text=True).stdout
@@ -521,7 +531,7 @@ def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_pa
     assert ready < 30, log
     assert "its programs are built (or loaded from the compile cache) beside it; it answers " \
         "uncompiled meanwhile" in log
-    assert "its compiled programs are ready" not in log
+    assert "its compiled programs are ready" not in log and compiled == "0.0"
     assert answers == _uncompiled_lines(model, lines)
     assert children.count("multiprocessing.spawn") == 3, children  # two lanes and the builder
 

@@ -43,6 +43,10 @@ class Metrics:
         self.models_dropped = Counter("onmt_lite_models_dropped",
                                       "models unloaded to make room for another (-max_memory)",
                                       ["model"], registry=r)
+        self.compiled = Gauge("onmt_lite_model_compiled", "1 once a -compile model decodes "
+                              "through its compiled programs, 0 while they are built beside "
+                              "it (it answers uncompiled meanwhile) or could not be",
+                              ["model"], registry=r)
         queue = Gauge("onmt_lite_queue_length", "sentences waiting for a lane", registry=r)
         queue.set_function(queue_length)
         if model_memory is not None:

@@ -227,6 +227,7 @@ class ServedModel:
             logger.info("%s loaded in %.2f s (about %.0f MiB)", self.spec.describe(),
                         self.load_time, self.memory / MIB)
             if first is not options:
+                self._compiled(False)
                 threading.Thread(target=self._compile, args=(options, weights, joinable,
                                                                  self.loads),
                                  daemon=True, name="onmt_lite-compile").start()
@@ -268,6 +269,7 @@ class ServedModel:
                 return
             logger.info("%s: its compiled programs are ready (%.1f s): it decodes through "
                         "them", self.spec.describe(), time.monotonic() - start)
+            self._compiled(True)
         old.stop(True)  # its sentences finish uncompiled
         remove(old_weights)
 
@@ -293,6 +295,10 @@ class ServedModel:
         finally:
             self.lock.release()
         return True
+
+    def _compiled(self, on: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.compiled.labels(str(self.id)).set(int(on))
 
     def _reset_timer(self) -> None:
         if self.spec.timeout < 0:
