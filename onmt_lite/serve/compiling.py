@@ -11,6 +11,7 @@ they are). The compiler and its memory stay in that process, which ends when it 
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 
 from onmt_lite.parent_watch import end_with_parent
@@ -39,6 +40,7 @@ def start(options: dict, path: str, name: str) -> multiprocessing.Process:
 
 
 def _build(options: dict, path: str, name: str, server: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server ends it itself (Ctrl-C included)
     end_with_parent(server)  # even when it is killed
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[%(asctime)s %(levelname)s] %(message)s")
