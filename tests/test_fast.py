@@ -513,7 +513,7 @@ def _uncompiled_lines(model, lines):
 def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_path):
     """With an empty compile cache, building the programs takes a minute or more: the server
     is ready in seconds and answers on the uncompiled fast path meanwhile, the programs built
-    in a process of their own."""
+    in a process of their own, which ends, without an error, when the model is unloaded."""
     from conftest import tiny_checkpoint
     model = tiny_checkpoint(tmp_path / "tiny.pt")
     lines = _lines(6, 7)
@@ -524,16 +524,29 @@ def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_pa
         answers = _answers(server, lines)
         compiled = _compiled_metric(server)
         log = "".join(server.log)
-        children = subprocess.run(["ps", "--ppid", str(server.process.pid), "-o", "args="],
-                                  capture_output=True, text=True).stdout
+        children = _children(server)
+        import httpx
+        assert httpx.get(server.url + "/translator/unload_model/0").status_code == 200
+        deadline = time.monotonic() + 30
+        while _children(server).count("multiprocessing.spawn") > 2:
+            assert time.monotonic() < deadline, _children(server)
+            time.sleep(0.1)
+        time.sleep(0.5)  # the thread that waited for it has seen its end
+        after = "".join(server.log)
     finally:
         server.stop()
+    assert "ERROR" not in after, after
     assert ready < 30, log
     assert "its programs are built (or loaded from the compile cache) beside it; it answers " \
         "uncompiled meanwhile" in log
     assert "its compiled programs are ready" not in log and compiled == "0.0"
     assert answers == _uncompiled_lines(model, lines)
     assert children.count("multiprocessing.spawn") == 3, children  # two lanes and the builder
+
+
+def _children(server) -> str:
+    return subprocess.run(["ps", "--ppid", str(server.process.pid), "-o", "args="],
+                          capture_output=True, text=True).stdout
 
 
 def test_a_compile_server_without_a_compiler_answers_uncompiled(tmp_path):

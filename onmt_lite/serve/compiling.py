@@ -16,8 +16,6 @@ import sys
 
 from onmt_lite.parent_watch import end_with_parent
 
-logger = logging.getLogger("onmt_lite")
-
 # How the building process ends: its file written; compiled but not writable (each lane then
 # builds its own copy, from the compile cache); not compiled (no compiler, or torch could not
 # export the model: build_translator said why, and the model stays uncompiled).

@@ -90,11 +90,11 @@ class Residency:
         if self.starting is not None:
             self.starting.join()
 
-    def serve(self, model: "ServedModel", options: dict, translator) -> tuple:
-        """A Batcher for ``model`` on the server's lanes, its weights shared through a file
-        (the server's own process then frees its copy), room made for it: (batcher, the
-        model's memory, the weights' file or None)."""
-        weights, joinable = weights_bytes(translator.model), translator.joinable()
+    def serve(self, model: "ServedModel", options: dict, translator, weights: int,
+              joinable: bool) -> tuple:
+        """A Batcher for ``model`` on the server's lanes, its weights (``weights`` bytes)
+        shared through a file (the server's own process then frees its copy), room made for
+        it: (batcher, the model's memory, the weights' file or None)."""
         path = self.weights.write(translator, f"model{model.id}")
         translator.model = None  # the lanes decode, each mapping the file
         if path is not None:
@@ -215,8 +215,8 @@ class ServedModel:
                 self._check_memory([1])  # a one-token sentence fits
                 self.used = time.monotonic()
                 weights, joinable = weights_bytes(translator.model), translator.joinable()
-                self.batcher, self.memory, self.weights = self.host.serve(self, first,
-                                                                          translator)
+                self.batcher, self.memory, self.weights = self.host.serve(
+                    self, first, translator, weights, joinable)
                 self.translator = translator
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 self.state, self.error = "failed", f"{type(err).__name__}: {err}"
