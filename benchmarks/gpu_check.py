@@ -50,7 +50,7 @@ def joined(options: dict, lines):
     from types import SimpleNamespace
 
     from onmt_lite.models.model import inference
-    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    from onmt_lite.serve.lane_process import Turns, _Batch, _LaneSearches
     translator = build_translator(options)
     lane, messages = _LaneSearches(translator, Turns(0.5)), []
     conn = SimpleNamespace(send=messages.append)

@@ -1,11 +1,11 @@
 """``python -m onmt_lite {translate,train,evaluate,convert,plot,serve} ...`` (also the
 ``onmt_lite`` command)."""
+import importlib
 import sys
 
-from onmt_lite.cli import convert, evaluate, plot, serve, train, translate
-
-COMMANDS = {"translate": translate.main, "train": train.main, "evaluate": evaluate.main,
-            "convert": convert.main, "plot": plot.main, "serve": serve.main}
+# each command's module (onmt_lite.cli.NAME) is imported when it runs: one that needs no torch
+# (evaluate, serve's own process) starts without it
+COMMANDS = ("translate", "train", "evaluate", "convert", "plot", "serve")
 USAGE = f"""usage: python -m onmt_lite {{{','.join(COMMANDS)}}} [options]
 
   translate   translate a file with a checkpoint (the same as translate.py)
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(USAGE, file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    return importlib.import_module(f"onmt_lite.cli.{argv[0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from typing import List, Sequence
 
 import sentencepiece
 
-from onmt_lite import ct2_model
 from onmt_lite.transforms import sentencepiece_pieces
 
 SUFFIX = ".argosmodel"
@@ -131,6 +130,7 @@ def _read_folder(folder: str, where: str) -> dict:
     model = os.path.join(folder, "model")
     if not os.path.isfile(os.path.join(model, "model.bin")):
         raise ArgosError(f"{where}: no model/model.bin (the package's CTranslate2 model)")
+    from onmt_lite import ct2_model  # torch: a server finds its packages without it
     try:
         fields = ct2_model.read_ct2(model)
     except ct2_model.CT2Error as err:

@@ -1,4 +1,4 @@
-"""Special tokens and numeric sentinels, defined once."""
+"""Special tokens, numeric sentinels and the int8 engines' names, defined once."""
 
 UNK = "<unk>"
 PAD = "<blank>"
@@ -12,3 +12,6 @@ FINISHED_SCORE = -65504.0
 BLOCKED_SCORE = -10e20
 # Attention logits at padded source positions.
 MASKED_LOGIT = -1e18
+
+# -int8_engine's choices: the quantised engines of torch (auto: its default on this CPU)
+INT8_ENGINES = ("auto", "fbgemm", "onednn")

@@ -190,9 +190,15 @@ class OnmtTokenizeTransform(SubwordTransform):
     """
 
     def __init__(self, src: Dict[str, Any], tgt: Dict[str, Any], newline_to_break: bool):
+        self.arguments = (src, tgt, newline_to_break)
         self.tokenizers = {"src": _tokenizer(src, "-src_onmttok_kwargs"),
                            "tgt": _tokenizer(tgt, "-tgt_onmttok_kwargs")}
         self.newline_to_break = newline_to_break
+
+    def __reduce__(self):
+        # pyonmttok's tokenizers do not pickle: made again from their arguments (the lanes of a
+        # server and its own process each hold the model's transform)
+        return type(self), self.arguments
 
     def tokenize(self, text: str, side: str) -> List[str]:
         if self.newline_to_break:

@@ -82,7 +82,7 @@ def room(name: str) -> str:
 
 def test_the_parser_of_imports_sees_each_kind():
     assert "onmt_lite.translate.batching" in GRAPH["onmt_lite.translate.translator"]
-    assert "onmt_lite.translate.build" in GRAPH["onmt_lite.serve.lanes"]  # in a function
+    assert "onmt_lite.translate.build" in GRAPH["onmt_lite.serve.lane_process"]  # in a function
     assert "onmt_lite.translate" in GRAPH["onmt_lite"]  # the package: its __init__.py
     assert "onmt_lite.cli" not in GRAPH["onmt_lite.cli.translate"]  # parents: not counted
 

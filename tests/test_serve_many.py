@@ -144,7 +144,8 @@ def test_a_lane_loads_a_model_when_told_not_at_its_first_batch(tmp_path):
     load that fails says nothing then, and the model's first batch fails naming why."""
     from conftest import tiny_checkpoint
 
-    from onmt_lite.serve.lanes import ModelSource, _Models
+    from onmt_lite.serve.lane_process import _Models
+    from onmt_lite.serve.lanes import ModelSource
 
     class Pipe:
         def __init__(self):

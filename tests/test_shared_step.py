@@ -239,7 +239,7 @@ def test_short_sentences_beside_long_ones_step_alone_for_a_share_of_the_time(sen
     arriving one batch after another, take steps alone, but the long sentences still get half
     the lane's time (a third beside a few sentences, FEW_AHEAD); a newcomer as long as the
     sentences there steps with them."""
-    from onmt_lite.serve.lanes import FEW_AHEAD, Turns, _Batch, _Chunk, _Search
+    from onmt_lite.serve.lane_process import FEW_AHEAD, Turns, _Batch, _Chunk, _Search
     assert (sentences <= FEW_AHEAD) == (share < 1 / 2)
 
     def search(sentences, length):
@@ -270,7 +270,7 @@ def test_short_sentences_beside_long_ones_step_alone_for_a_share_of_the_time(sen
 def test_a_search_keeps_the_lengths_of_its_sentences_still_decoding():
     """What Turns reads at every step and every batch, kept as sentences end rather than
     recounted over every sentence a long-running search ever took."""
-    from onmt_lite.serve.lanes import _Batch, _Chunk, _Search
+    from onmt_lite.serve.lane_process import _Batch, _Chunk, _Search
     search = _Search((1, False))
     for lengths in ([3, 7], [5]):
         batch = _Batch(0, list(range(len(lengths))), False, lengths)
@@ -288,7 +288,7 @@ def test_long_sentences_arriving_beside_short_ones_let_them_step_alone():
     its own alone."""
     from types import SimpleNamespace
 
-    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    from onmt_lite.serve.lane_process import Turns, _Batch, _LaneSearches
     translator = build_translator({"model": MODEL, "max_length_ratio": 0})
     lane, messages = _LaneSearches(translator, Turns(0.5)), []
     conn = SimpleNamespace(send=messages.append)
@@ -332,7 +332,7 @@ def test_a_lane_starts_a_long_batch_in_chunks_and_answers_each_sentence_once():
     its translation alone, and the batch ends once all are."""
     from types import SimpleNamespace
 
-    from onmt_lite.serve.lanes import JOIN_TOKENS, Turns, _Batch, _LaneSearches
+    from onmt_lite.serve.lane_process import JOIN_TOKENS, Turns, _Batch, _LaneSearches
     translator = build_translator({"model": MODEL, "max_length_ratio": 0})
     lane, messages = _LaneSearches(translator, Turns(0.5)), []
     lines = [f"{DEMO[i % len(DEMO)]} {DEMO[(i + 1) % len(DEMO)]}" for i in range(12)]
@@ -358,7 +358,7 @@ def test_a_lane_starts_a_long_batch_in_chunks_and_answers_each_sentence_once():
 def test_a_chunk_offered_to_a_search_that_ends_starts_anew():
     from types import SimpleNamespace
 
-    from onmt_lite.serve.lanes import Turns, _Batch, _LaneSearches
+    from onmt_lite.serve.lane_process import Turns, _Batch, _LaneSearches
     translator = build_translator({"model": MODEL, "max_length": 1})
     lane, messages = _LaneSearches(translator, Turns(0.5)), []
     conn = SimpleNamespace(send=messages.append)

@@ -24,10 +24,9 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.ao.quantization.quantization_mappings import get_default_dynamic_quant_module_mappings
 
+from onmt_lite.constants import INT8_ENGINES as ENGINES
 from onmt_lite.errors import OptionError
 from onmt_lite.models.swap import swap_layers
-
-ENGINES = ("auto", "fbgemm", "onednn")
 
 
 def supported_engines() -> list:

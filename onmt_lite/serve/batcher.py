@@ -10,7 +10,7 @@ when no lane is free and they have waited ``batch_wait``: they join its search a
 decoder step rather than waiting for it to end (at most ``max_batches`` batches a lane).
 
 A sentence at most half as long as every sentence a busy lane decodes goes to it at once: it
-takes steps alone there (lanes.Turns), so it waits for no fuller batch.
+takes steps alone there (turns.Turns), so it waits for no fuller batch.
 
 A sentence decodes as ``translate.py`` decodes it in a batch of the same sentences; the one rule
 of OpenNMT-py's search that depends on the other sentences of a batch is the length limit of
@@ -26,7 +26,7 @@ sentences it held are decoded again: each then alone, on a lane that decodes not
 any model), so that a sentence that ends a lane of its own doing is found; one that has ended
 two lanes fails with an error that says so, and the others go on. A request whose client has
 gone is dropped: its sentences that wait leave the queue, those that decode are dropped by their
-lane (lanes.py).
+lane (lane_process.py).
 """
 import collections
 import dataclasses
@@ -98,7 +98,7 @@ class Scheduling:
         lanes: lane processes (batches decoded at the same time, one torch thread each).
         batch_size: sentences per batch at most; max_queue: sentences waiting at most.
         batch_wait: seconds sentences wait for a fuller batch under load (see above).
-        max_batches: batches a lane decodes at once (they join one search, lanes.py); 0:
+        max_batches: batches a lane decodes at once (they join one search, lane_process.py); 0:
             JOINED_BATCHES where the model's search takes sentences between its steps, else 1
             (each batch is a search of its own there, whose steps' bookkeeping costs on its
             own: later batches wait for the lane and come fuller).
@@ -288,7 +288,7 @@ class Batcher:
 
     def _short_beside(self, lane: ModelLane) -> bool:
         """Whether the oldest waiting sentence is at most half as long as every sentence that
-        ``lane`` decodes: it steps alone there (lanes.Turns), so it waits for no fuller
+        ``lane`` decodes: it steps alone there (turns.Turns), so it waits for no fuller
         batch."""
         return short_beside([len(self.pending[0].tokens)], [
             len(job.tokens) for batch, _ in lane.active.values() for job in batch

@@ -14,16 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-import torch
-
-from onmt_lite.serve import compiling
+from onmt_lite.serve import building
 from onmt_lite.serve.batcher import Batcher, Scheduling, SentenceFailed, Settings, Stopped
 from onmt_lite.serve.config import ConfError, ModelSpec, check_opt, translate_options
 from onmt_lite.serve.limits import MIB, LimitError, SearchLimits, SearchShape, model_memory
 from onmt_lite.serve.metrics import Metrics
 from onmt_lite.serve.pool import LanePool
-from onmt_lite.serve.weights import WeightFiles, free_memory, remove, weights_bytes
-from onmt_lite.translate.build import build_translator
+from onmt_lite.serve.weights import WeightFiles, remove
+from onmt_lite.translate.sources import SourceReader
 
 logger = logging.getLogger("onmt_lite")
 
@@ -40,7 +38,7 @@ class TranslationFailed(Exception):
 class Sentence:
     """A translated sentence: its n-best texts and scores, best first; when asked for, its
     source tokens, the best hypothesis' tokens and attention, and each hypothesis' alignment
-    (Pharaoh pairs and their attention weights, see lanes.alignment)."""
+    (Pharaoh pairs and their attention weights, see lane_process.alignment)."""
     texts: List[str]
     scores: List[float]
     src_tokens: List[str] = field(default_factory=list)
@@ -90,22 +88,11 @@ class Residency:
         if self.starting is not None:
             self.starting.join()
 
-    def serve(self, model: "ServedModel", options: dict, translator, weights: int,
-              joinable: bool) -> tuple:
-        """A Batcher for ``model`` on the server's lanes, its weights (``weights`` bytes)
-        shared through a file (the server's own process then frees its copy), room made for
-        it: (batcher, the model's memory, the weights' file or None)."""
-        path = self.weights.write(translator, f"model{model.id}")
-        translator.model = None  # the lanes decode, each mapping the file
-        if path is not None:
-            free_memory()
-        return self.serve_file(model, options, path, weights, joinable)
-
-    def serve_file(self, model: "ServedModel", options: dict, path: Optional[str],
-                   weights: int, joinable: bool) -> tuple:
-        """serve's, for a translator already written to ``path`` (None: each lane builds its
-        own from ``options``) whose model holds ``weights`` bytes."""
-        memory = model_memory(weights, self.lanes, path is not None)
+    def serve(self, model: "ServedModel", options: dict, built: building.Built) -> tuple:
+        """A Batcher for ``model`` on the server's lanes (``options``: its translator's, which
+        a lane builds where ``built`` has no file of it), room made for it: (batcher, the
+        model's memory). Its file is removed where it is not served."""
+        memory = model_memory(built.weights, self.lanes, built.path is not None)
         self._started()
         try:
             with self.lock:
@@ -113,12 +100,12 @@ class Residency:
                 if self.pool is None:
                     self.pool = LanePool(self.lanes)
                 batcher = Batcher(options, model.scheduling, model._on_batch,
-                                  model._on_restart, pool=self.pool, weights=path,
-                                  joinable=joinable)
+                                  model._on_restart, pool=self.pool, weights=built.path,
+                                  joinable=built.joinable)
         except BaseException:
-            remove(path)
+            remove(built.path)
             raise
-        return batcher, memory, path
+        return batcher, memory
 
     def held(self) -> int:
         """The bytes the models loaded hold (model_memory)."""
@@ -180,10 +167,10 @@ class ServedModel:
         self.report_align = bool(spec.opt.get("report_align", False))
         self.state, self.error, self.load_time = "unloaded", "", 0.0
         self.batcher: Optional[Batcher] = None
-        self.translator = None
+        self.source: Optional[SourceReader] = None  # tokenizes its requests, once loaded
         self.lock = threading.Lock()  # loading and unloading
-        self.loads = 0  # loads begun: a compilation (compiling.py) serves only its own
-        self.compiler = None  # the process building its programs (-compile), while it runs
+        self.loads = 0  # loads begun: a compilation (-compile) serves only its own
+        self.compiler: Optional[building.Build] = None  # its programs' (-compile), while built
         self.timer: Optional[threading.Timer] = None
 
     @property
@@ -199,7 +186,8 @@ class ServedModel:
         return self.options.beam_size
 
     def load(self) -> None:
-        """Loads the model (once; a failure is kept in ``state`` and ``error``)."""
+        """Loads the model (once; a failure is kept in ``state`` and ``error``): its
+        translator is built in a process of its own (building.py), the lanes start meanwhile."""
         with self.lock:
             if self.state == "ready":
                 return
@@ -208,18 +196,23 @@ class ServedModel:
             start = time.monotonic()
             options = dict(vars(self.options), keep_attention=self.options.replace_unk,
                            inter_threads=1, workers=1)
-            first = compiling.uncompiled(options) if options.get("compile") else options
+            first = building.uncompiled(options) if options.get("compile") else options
+            self.host.start_lanes()
+            name = f"model{self.id}"
+            built = None
             try:
-                translator = build_translator(first)  # here: checked, and the tokenizer
-                self.shape = SearchShape.of(translator.model)
+                built = building.Build(first, self.host.weights.path(name), name).result()
+                self.shape, self.source = built.shape, built.source
                 self._check_memory([1])  # a one-token sentence fits
                 self.used = time.monotonic()
-                weights, joinable = weights_bytes(translator.model), translator.joinable()
-                self.batcher, self.memory, self.weights = self.host.serve(
-                    self, first, translator, weights, joinable)
-                self.translator = translator
+                self.batcher, self.memory = self.host.serve(self, first, built)
+                self.weights = built.path
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
-                self.state, self.error = "failed", f"{type(err).__name__}: {err}"
+                if built is not None:  # not served
+                    remove(built.path)
+                self.state = "failed"
+                self.error = str(err) if isinstance(err, building.BuildFailed) else \
+                    f"{type(err).__name__}: {err}"
                 logger.error("%s failed to load: %s", self.spec.describe(), self.error)
                 return
             self.load_time = time.monotonic() - start
@@ -228,45 +221,44 @@ class ServedModel:
                         self.load_time, self.memory / MIB)
             if first is not options:
                 self._compiled(False)
-                threading.Thread(target=self._compile, args=(options, weights, joinable,
-                                                                 self.loads),
+                threading.Thread(target=self._compile, args=(options, self.loads),
                                  daemon=True, name="onmt_lite-compile").start()
         self._reset_timer()
 
-    def _compile(self, options: dict, weights: int, joinable: bool, load: int) -> None:
+    def _compile(self, options: dict, load: int) -> None:
         """-compile: the model's programs built in a process of their own while it answers
-        uncompiled (compiling.py), then its batcher swapped for one that decodes through them;
+        uncompiled (building.py), then its batcher swapped for one that decodes through them;
         the old one finishes its sentences and goes."""
-        start, name = time.monotonic(), f"model{self.id}"
-        path = self.host.weights.path(f"{name}-compiled")
+        start, name = time.monotonic(), f"model{self.id}-compiled"
         with self.lock:
             if self.loads != load or self.state != "ready":
                 return
             logger.info("%s: -compile: its programs are built (or loaded from the compile "
                         "cache) beside it; it answers uncompiled meanwhile", self.spec.describe())
-            self.compiler = process = compiling.start(options, path, name)
-        process.join()
-        code = process.exitcode
+            self.compiler = build = building.Build(options, self.host.weights.path(name), name)
+        try:
+            built, failure = build.result(), ""
+        except building.BuildFailed as err:
+            built, failure = None, str(err)
         with self.lock:
             self.compiler = None
             current = self.loads == load and self.state == "ready"
-            if code not in (compiling.WRITTEN, compiling.NOT_WRITTEN) or not current:
-                remove(path)
-                if current and code != compiling.NOT_COMPILED:
-                    logger.error("%s: -compile: building its programs failed (exit status "
-                                 "%s): it decodes uncompiled", self.spec.describe(), code)
+            if built is None or not built.compiled or not current:
+                if built is not None:
+                    remove(built.path)
+                if current and failure:
+                    logger.error("%s: -compile: building its programs failed (%s): it decodes "
+                                 "uncompiled", self.spec.describe(), failure)
                 return
             old, old_weights = self.batcher, self.weights
             try:
-                self.batcher, self.memory, self.weights = self.host.serve_file(
-                    self, options, path if code == compiling.WRITTEN else None, weights,
-                    joinable)
+                self.batcher, self.memory = self.host.serve(self, options, built)
             except Exception as err:  # noqa: BLE001 - it serves on uncompiled
-                remove(path)
                 logger.error("%s: -compile: its compiled programs could not be served (%s: "
                              "%s): it decodes uncompiled", self.spec.describe(),
                              type(err).__name__, err)
                 return
+            self.weights = built.path
             logger.info("%s: its compiled programs are ready (%.1f s): it decodes through "
                         "them", self.spec.describe(), time.monotonic() - start)
             self._compiled(True)
@@ -285,11 +277,11 @@ class ServedModel:
             if self.timer is not None:
                 self.timer.cancel()
             if self.compiler is not None:
-                self.compiler.terminate()
+                self.compiler.stop()
             if self.batcher is not None:
                 self.batcher.stop(drain)
             remove(self.weights)
-            self.batcher, self.translator, self.weights = None, None, None
+            self.batcher, self.source, self.weights = None, None, None
             if self.state == "ready":
                 self.state = "unloaded"
         finally:
@@ -364,14 +356,13 @@ class ServedModel:
         for attempt in range(3):
             if self.state != "ready":
                 await asyncio.to_thread(self.load)
-            batcher, translator = self.batcher, self.translator
+            batcher, source = self.batcher, self.source
             if self.state != "ready" or batcher is None:
                 raise ModelUnavailable(f"{self.spec.describe()} is not available: "
                                        f"{self.error or self.state}")
             self.used = time.monotonic()
-            tokens = [translator.source_tokens(line, number) for number, line in
-                      enumerate(lines, 1)]
-            todo = [i for i, toks in enumerate(tokens) if not translator.empty_source(toks)]
+            tokens = [source.tokens(line, number) for number, line in enumerate(lines, 1)]
+            todo = [i for i, toks in enumerate(tokens) if not source.empty(toks)]
             self._check_memory([len(tokens[i]) for i in todo])
             try:
                 return batcher, tokens, todo, batcher.submit([tokens[i] for i in todo], settings)
@@ -495,4 +486,4 @@ def default_lanes() -> int:
     """One lane per core (batches side by side on one torch thread each, the fastest layout
     measured for translate.py)."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else torch.get_num_threads())
+               else os.cpu_count() or 1)

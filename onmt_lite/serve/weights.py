@@ -14,8 +14,6 @@ import tempfile
 import threading
 from typing import Optional
 
-import torch
-
 from onmt_lite.parent_watch import running
 
 logger = logging.getLogger("onmt_lite")
@@ -79,7 +77,9 @@ class WeightFiles:
 
 def write_translator(translator, path: str, name: str) -> bool:
     """Writes ``translator`` to ``path`` (WeightFiles.write); False, after one line that says
-    why, where torch cannot write it."""
+    why, where torch cannot write it. (Run where the model was built: the server's own process
+    never imports torch.)"""
+    import torch
     try:
         torch.save(translator, path)
     except Exception as err:  # noqa: BLE001 - any object torch cannot write: lanes build it

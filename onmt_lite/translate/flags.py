@@ -2,7 +2,7 @@
 decoding options (``-model``, conf.json's ``opt``)."""
 import argparse
 
-from onmt_lite.models.int8 import ENGINES
+from onmt_lite.constants import INT8_ENGINES
 from onmt_lite.options import Parser, add, integer, number
 
 DESCRIPTION = "translate.py: translate a file with an onmt_lite or OpenNMT-py checkpoint."
@@ -162,7 +162,7 @@ def _device(g) -> None:
              "with no -threads or -workers, one batch per core, each in a forked process of one "
              "torch thread, where the input has several batches, else one batch on every core")
     add(g, "int8", action="store_true", help="CPU: dynamic int8 quantisation of linear layers")
-    add(g, "int8_engine", default="auto", choices=list(ENGINES),
+    add(g, "int8_engine", default="auto", choices=list(INT8_ENGINES),
         help="-int8: torch's kernels for the int8 products (fbgemm or onednn); auto: torch's "
              "default (fbgemm on x86)")
     add(g, "fast", action="store_true",

@@ -12,7 +12,6 @@ from typing import Generator, Iterator, List, Optional, Tuple, Union
 import torch
 from tqdm import tqdm
 
-from onmt_lite.constants import EOS
 from onmt_lite.errors import OptionError
 from onmt_lite.models.compiled_step import SMALL_ROWS
 from onmt_lite.models.ensemble import EnsembleModel
@@ -29,6 +28,7 @@ from onmt_lite.translate import batching, paragraphs
 from onmt_lite.translate.distributed import block, gather, join, world
 from onmt_lite.translate.options import DecodingOptions, check_numbers
 from onmt_lite.translate.phrase_table import phrase, read_phrase_table
+from onmt_lite.translate.sources import SourceReader
 from onmt_lite.translate.translation import Translation
 from onmt_lite.translate.workers import WorkerPool
 from onmt_lite.vocab import unknown_tokens_warning
@@ -268,21 +268,21 @@ class Translator:
             generator.set_state(state)
 
     # -- batching -------------------------------------------------------------------------
+    @property
+    def source_reader(self) -> SourceReader:
+        """How it reads a raw source line: through the transform (or split at whitespace), cut
+        to -src_seq_length_trunc or the model's position table; under -search ctranslate2 a
+        lone ``</s>`` has nothing to translate."""
+        return SourceReader(self.transform, self.opt.src_seq_length_trunc or
+                            self.model_max_src_len or 0, self.opt.search == "ctranslate2")
+
     def source_tokens(self, line: str, number: int) -> List[str]:
-        """Line ``number``'s tokens as the model reads them: through the transform (or split at
-        whitespace), cut to -src_seq_length_trunc or the model's position table."""
-        tokens = self.transform.encode(line) if self.transform else line.split()
-        limit = self.opt.src_seq_length_trunc or self.model_max_src_len
-        if limit and len(tokens) > limit:
-            logger.warning("source line %d has %d tokens: truncated to %d", number,
-                           len(tokens), limit)
-            tokens = tokens[:limit]
-        return tokens
+        """Line ``number``'s tokens as the model reads them (source_reader)."""
+        return self.source_reader.tokens(line, number)
 
     def empty_source(self, tokens: List[str]) -> bool:
-        """A source with nothing to translate: no tokens; under -search ctranslate2 also a lone
-        ``</s>`` (what a Marian tokenizer makes of an empty line), which CTranslate2 skips."""
-        return not tokens or (self.opt.search == "ctranslate2" and tokens == [EOS])
+        """A source with nothing to translate (source_reader)."""
+        return self.source_reader.empty(tokens)
 
     def _batches(self, src_tokens, tgt_tokens, batch_size: int, batch_type: str):
         """The shard's batches (batching.batches), the empty sources last."""
