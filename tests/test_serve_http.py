@@ -242,3 +242,23 @@ def test_1200_connections_at_once_each_get_200_or_503_with_retry_after():
         assert ok.status_code == 200 and ok.json()["translatedText"]
     finally:
         server.stop()
+
+
+def test_the_servers_own_process_never_loads_torch():
+    """The server's own process keeps to HTTP, tokenizing and the queue: its models are built
+    in processes of their own (serve/building.py) and decoded by the lanes, and spaCy (which
+    cuts LibreTranslate's sentences) is imported without the torch backend thinc would load.
+    torch would hold ~185 MiB of it resident."""
+    server = Process("-lanes", "1")
+    try:
+        libre = httpx.post(server.url + "/translate", timeout=60,
+                           json={"q": f"{DEMO[0]} {DEMO[1]}", "source": "en", "target": "de"})
+        onmt = httpx.post(server.url + "/translator/translate", timeout=60,
+                          json=[{"src": DEMO[2], "id": 0}])
+        assert libre.status_code == 200 and libre.json()["translatedText"]
+        assert onmt.status_code == 200 and onmt.json()[0][0]["tgt"]
+        with open(f"/proc/{server.process.pid}/maps") as f:
+            torch_files = {line.split()[-1] for line in f if "torch" in line}
+        assert not torch_files, sorted(torch_files)[:3]
+    finally:
+        server.stop()
