@@ -583,28 +583,3 @@ def test_lanes_start_side_by_side_and_a_failed_start_stops_the_others(monkeypatc
     with pytest.raises(LaneError, match="no room"):
         pool_module.LanePool(3)
     assert len(started) == 3 and len(stopped) == 2 and started[1] not in stopped
-
-
-@pytest.mark.parametrize("starts", [True, False])
-def test_the_lanes_started_ahead_of_the_models_serve_them(starts, monkeypatch):
-    """Residency.start_lanes starts the pool in a thread while models load, and the pool it
-    made is the one the models' serve takes; one that failed to start there leaves none (the
-    first model's serve then starts the lanes itself, and reports why they fail)."""
-    from onmt_lite.serve import models as models_module
-
-    class FakePool:
-        def __init__(self, lanes):
-            if not starts:
-                raise RuntimeError("no room")
-            self.lanes, self.stopped = lanes, False
-
-        def stop(self):
-            self.stopped = True
-    monkeypatch.setattr(models_module, "LanePool", FakePool)
-    host = models_module.Residency(2)
-    host.start_lanes()
-    host._started()
-    pool = host.pool
-    assert (pool.lanes == 2) if starts else pool is None
-    host.stop()
-    assert host.pool is None and (not starts or pool.stopped)

@@ -57,43 +57,14 @@ class Residency:
         self.lanes, self.max_memory, self.models = lanes, max_memory, models
         self.metrics = metrics
         self.pool: Optional[LanePool] = None
-        self.starting: Optional[threading.Thread] = None  # start_lanes
         self.weights = WeightFiles()
         self.lock = threading.Lock()  # one model makes room and starts at a time
-
-    def start_lanes(self) -> None:
-        """Starts the lanes in a thread while the first models load: their start (~1.2 s, an
-        interpreter and torch each) then overlaps the loading instead of following it. A lane
-        that fails to start here is started again, and its error reported, by the first
-        model's serve."""
-        if self.pool is None and self.starting is None:
-            self.starting = threading.Thread(target=self._start_pool, daemon=True,
-                                             name="onmt_lite-lanes")
-            self.starting.start()
-
-    def _start_pool(self) -> None:
-        try:
-            pool = LanePool(self.lanes)
-        except Exception as err:  # noqa: BLE001 - serve starts them again and says why
-            logger.debug("the lanes did not start ahead of the models: %s", err)
-            return
-        with self.lock:
-            if self.pool is None:
-                self.pool = pool
-                return
-        pool.stop()
-
-    def _started(self) -> None:
-        """Waits for start_lanes' thread, if any."""
-        if self.starting is not None:
-            self.starting.join()
 
     def serve(self, model: "ServedModel", options: dict, built: building.Built) -> tuple:
         """A Batcher for ``model`` on the server's lanes (``options``: its translator's, which
         a lane builds where ``built`` has no file of it), room made for it: (batcher, the
         model's memory). Its file is removed where it is not served."""
         memory = model_memory(built.weights, self.lanes, built.path is not None)
-        self._started()
         try:
             with self.lock:
                 self._make_room(model, memory)
@@ -137,7 +108,6 @@ class Residency:
                            self.max_memory)
 
     def stop(self) -> None:
-        self._started()
         if self.pool is not None:
             self.pool.stop()
             self.pool = None
@@ -187,7 +157,9 @@ class ServedModel:
 
     def load(self) -> None:
         """Loads the model (once; a failure is kept in ``state`` and ``error``): its
-        translator is built in a process of its own (building.py), the lanes start meanwhile."""
+        translator is built in a process of its own (building.py), which has ended when the
+        first model's lanes start (the three side by side, each with torch, held 84 MiB more
+        at their peak than the lanes do decoding)."""
         with self.lock:
             if self.state == "ready":
                 return
@@ -197,7 +169,6 @@ class ServedModel:
             options = dict(vars(self.options), keep_attention=self.options.replace_unk,
                            inter_threads=1, workers=1)
             first = building.uncompiled(options) if options.get("compile") else options
-            self.host.start_lanes()
             name = f"model{self.id}"
             built = None
             try:
@@ -421,8 +392,6 @@ class Registry:
         return sum(model.queued() for model in self.models.values())
 
     def load_at_start(self) -> None:
-        if any(model.spec.load for model in self.models.values()):
-            self.host.start_lanes()
         for model in self.models.values():
             if model.spec.load:
                 model.load()
