@@ -173,11 +173,12 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
 
 def first_answers(packages: str, runs: int, options: str = "") -> dict:
     """-first_answer N: the seconds from launching ``onmt_lite serve -argos_packages DIR`` (and
-    ``options``, -serve_options) to its first answer of /translate (one sentence), N launches;
-    median, min, max."""
+    ``options``, -serve_options) to its readiness (GET /ready answers 200; the packages' models
+    load at their first request) and to its first answer of /translate (one sentence), N
+    launches; median, min, max of each."""
     from serve_bench import free_port
     body = json.dumps({"q": "A dog runs.", "source": "en", "target": "de"}).encode()
-    times = []
+    times, readies = [], []
     for _ in range(runs):
         port, start = free_port(), time.perf_counter()
         process = subprocess.Popen(
@@ -185,23 +186,27 @@ def first_answers(packages: str, runs: int, options: str = "") -> dict:
              str(port), *shlex.split(options)], cwd=ROOT, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         try:
-            while process.poll() is None:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", body,
-                                                 {"Content-Type": "application/json"})
-                try:
-                    with urllib.request.urlopen(request, timeout=60) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:  # not listening yet, or 503 while the model loads
-                    time.sleep(0.02)
-            else:
-                raise RuntimeError(f"the server exited ({process.returncode})")
-            times.append(time.perf_counter() - start)
+            for request in (urllib.request.Request(f"http://127.0.0.1:{port}/ready"),
+                            urllib.request.Request(f"http://127.0.0.1:{port}/translate", body,
+                                                   {"Content-Type": "application/json"})):
+                while process.poll() is None:
+                    try:
+                        with urllib.request.urlopen(request, timeout=60) as answer:
+                            if answer.status == 200:
+                                break
+                    except OSError:  # not listening yet, or 503 while the model loads
+                        time.sleep(0.02)
+                else:
+                    raise RuntimeError(f"the server exited ({process.returncode})")
+                (readies if request.data is None else times).append(time.perf_counter() - start)
         finally:
             process.terminate()
             process.wait()
     result = {"runs": runs, "median_s": statistics.median(times), "min_s": min(times),
-              "max_s": max(times)}
-    print(f"first answer{' with ' + options if options else ''}: {result['median_s']:.2f} s "
-          f"({result['min_s']:.2f}-{result['max_s']:.2f}), {runs} launches")
+              "max_s": max(times), "ready_median_s": statistics.median(readies),
+              "ready_min_s": min(readies), "ready_max_s": max(readies)}
+    print(f"ready{' with ' + options if options else ''}: {result['ready_median_s']:.2f} s "
+          f"({result['ready_min_s']:.2f}-{result['ready_max_s']:.2f}); first answer: "
+          f"{result['median_s']:.2f} s ({result['min_s']:.2f}-{result['max_s']:.2f}), "
+          f"{runs} launches")
     return result
