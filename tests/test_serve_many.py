@@ -3,6 +3,7 @@ first batch of it, mapping the weights the server wrote once), the least recentl
 are unloaded under -max_memory and load again at their next request, and a lane that dies with
 several models on it is replaced for all of them."""
 import json
+import multiprocessing
 import os
 import threading
 import time
@@ -164,3 +165,29 @@ def test_a_lane_loads_a_model_when_told_not_at_its_first_batch(tmp_path):
     models.receive(("batch", "b", 7, [["a", "b"]], 1, False))
     assert pipe.sent[0][:3] == ("error", "b", 7)
     assert "the model did not load in a lane" in pipe.sent[0][3]
+
+
+def test_the_first_models_builder_goes_on_as_a_lane_and_a_failed_build_leaves_nothing(tmp_path):
+    """A model is built in a process of its own; the first model's builder then serves as the
+    first lane (the first answer waits for one lane's start less), the others start beside it.
+    A model that fails to build says why and leaves no process and no lanes behind."""
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    name = sorted(TINY_LINES)[0]
+    specs = [spec(0, str(bad), ("en", "x0"), OPT), spec(1, os.path.join(TINY, name),
+                                                       ("en", "x1"), OPT)]
+    registry = Registry(specs, Scheduling(lanes=2))
+    try:
+        failed = registry.get(0)
+        failed.load()
+        assert failed.state == "failed" and "bad.pt" in failed.error
+        assert registry.host.pool is None and not [
+            p for p in multiprocessing.active_children() if p.name == "onmt_lite-build-model0"]
+        registry.get(1).load()
+        lanes = registry.host.pool.lanes
+        assert len(lanes) == 2 and lanes[0].process.name == "onmt_lite-build-model1"
+        with TestClient(create_app(registry)) as c:
+            line = TINY_LINES[name][0]
+            assert ask(c, 1, line) == expected(os.path.join(TINY, name), [line], OPT)[0]
+    finally:
+        registry.stop()

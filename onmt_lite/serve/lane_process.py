@@ -46,6 +46,12 @@ JOIN_TOKENS = 128
 def lane_main(conn, server: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its lanes itself
     end_with_parent(server)  # even when it is killed
+    serve(conn)
+
+
+def serve(conn) -> None:
+    """Decodes what the server sends on ``conn`` until it says stop (a process that built the
+    first model goes on here as a lane, building.py)."""
     torch.set_num_threads(1)
     conn.send(("ready",))
     models = _Models(conn)
@@ -143,9 +149,9 @@ class _Models:
 def _load(source):
     """A model's translator in a lane (``source``: a lanes.ModelSource): its file mapped
     read-only (every lane maps the same pages), or built from its options. The file is no
-    checkpoint: the server's process that loaded the model as data wrote it, in a folder only
-    its user can write, and a lane trusts it as it trusts every message the server pickles onto
-    its pipe."""
+    checkpoint: the process that loaded the model as data wrote it, in a folder only its user
+    can write, and a lane trusts it as it trusts every message the server pickles onto its
+    pipe."""
     if source.weights is not None:
         translator = torch.load(source.weights, mmap=True, weights_only=False)
         if source.options.get("compile"):  # its programs load from the compile cache

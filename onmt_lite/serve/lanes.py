@@ -31,13 +31,18 @@ class Lane:
     """The server's handle on one lane process: ``send`` batches of any model, ``receive``
     their results (each message names its model's key)."""
 
-    def __init__(self):
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_lane_main, args=(child, os.getpid()),
-                                       daemon=True, name="onmt_lite-lane")
-        self.process.start()
-        child.close()
+    def __init__(self, started: Optional[tuple] = None):
+        """A new lane process; or ``started``, (process, its pipe's server end): one that
+        built the first model and goes on as a lane (building.py)."""
+        if started is None:
+            context = multiprocessing.get_context("spawn")
+            self.conn, child = context.Pipe()
+            self.process = context.Process(target=_lane_main, args=(child, os.getpid()),
+                                           daemon=True, name="onmt_lite-lane")
+            self.process.start()
+            child.close()
+        else:
+            self.process, self.conn = started
         self.told = set()  # the keys of the models whose source the lane has
         self.sending = threading.Lock()  # batches and drops come from different threads
         try:

@@ -60,22 +60,28 @@ class Residency:
         self.weights = WeightFiles()
         self.lock = threading.Lock()  # one model makes room and starts at a time
 
-    def serve(self, model: "ServedModel", options: dict, built: building.Built) -> tuple:
+    def serve(self, model: "ServedModel", options: dict, built: building.Built,
+              lane=None) -> tuple:
         """A Batcher for ``model`` on the server's lanes (``options``: its translator's, which
         a lane builds where ``built`` has no file of it), room made for it: (batcher, the
-        model's memory). Its file is removed where it is not served."""
+        model's memory). Its file is removed where it is not served. ``lane``: the process
+        that built it, to be the first of the lanes (stopped where they run already, or do
+        not start)."""
         memory = model_memory(built.weights, self.lanes, built.path is not None)
         try:
             with self.lock:
                 self._make_room(model, memory)
                 if self.pool is None:
-                    self.pool = LanePool(self.lanes)
+                    self.pool, lane = LanePool(self.lanes, lane), None
                 batcher = Batcher(options, model.scheduling, model._on_batch,
                                   model._on_restart, pool=self.pool, weights=built.path,
                                   joinable=built.joinable)
         except BaseException:
             remove(built.path)
             raise
+        finally:
+            if lane is not None:  # another model's load started the lanes meanwhile
+                lane.stop()
         return batcher, memory
 
     def held(self) -> int:
@@ -157,9 +163,9 @@ class ServedModel:
 
     def load(self) -> None:
         """Loads the model (once; a failure is kept in ``state`` and ``error``): its
-        translator is built in a process of its own (building.py), which has ended when the
-        first model's lanes start (the three side by side, each with torch, held 84 MiB more
-        at their peak than the lanes do decoding)."""
+        translator is built in a process of its own (building.py). The first model's builder
+        then goes on as the first lane, and the others start (the three side by side, each
+        with torch, held 84 MiB more at their peak than the lanes do decoding)."""
         with self.lock:
             if self.state == "ready":
                 return
@@ -170,17 +176,22 @@ class ServedModel:
                            inter_threads=1, workers=1)
             first = building.uncompiled(options) if options.get("compile") else options
             name = f"model{self.id}"
-            built = None
+            then_lane = self.host.pool is None  # the first model: its builder is a lane next
+            build = building.Build(first, self.host.weights.path(name), name, then_lane)
+            built = lane = None
             try:
-                built = building.Build(first, self.host.weights.path(name), name).result()
+                built = build.result()
                 self.shape, self.source = built.shape, built.source
                 self._check_memory([1])  # a one-token sentence fits
                 self.used = time.monotonic()
-                self.batcher, self.memory = self.host.serve(self, first, built)
+                lane = build.lane() if then_lane else None
+                self.batcher, self.memory = self.host.serve(self, first, built, lane)
                 self.weights = built.path
             except Exception as err:  # noqa: BLE001 - the others serve on; this one says why
                 if built is not None:  # not served
                     remove(built.path)
+                if then_lane and lane is None:  # (serve stops a lane it does not take)
+                    build.stop()
                 self.state = "failed"
                 self.error = str(err) if isinstance(err, building.BuildFailed) else \
                     f"{type(err).__name__}: {err}"

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Deque, Dict, List
+from typing import Deque, Dict, List, Optional
 
 from onmt_lite.serve.lanes import Lane, LaneError, ModelSource
 
@@ -84,7 +84,9 @@ class LanePool:
     """``lanes`` lane processes that decode for every model attached. Raises LaneError when a
     lane does not start."""
 
-    def __init__(self, lanes: int):
+    def __init__(self, lanes: int, first: Optional[Lane] = None):
+        """``first``: a lane already started (the process that built the first model), one of
+        the ``lanes``."""
         self.lock = threading.Lock()
         self.lanes: List[Lane] = []
         self.views: Dict[Lane, dict] = {}  # lane -> model key -> ModelLane
@@ -95,7 +97,8 @@ class LanePool:
         self.collectors: List[threading.Thread] = []
         self.stopping = False
         self.stopped = threading.Event()  # wakes restarts waiting out their back-off
-        started = _start_lanes(lanes)  # side by side: each starts an interpreter and torch
+        started = [first] if first is not None else []  # (the caller's to stop on an error)
+        started += _start_lanes(lanes - len(started))  # side by side: each starts torch
         with self.lock:
             for lane in started:
                 self._add(lane)
