@@ -5,7 +5,9 @@ spawned process builds the model's translator (build_translator), writes it to t
 every lane maps (weights.py), and sends the server what it needs of it: how to read a request's
 lines (SourceReader, with the model's tokenizer), the search's sizes, the weights' bytes and
 whether its searches take sentences. What loading leaves behind (the checkpoint read, its
-conversion) goes with that process.
+conversion) goes with that process. The server's first model is built in a child that process
+forks once it has imported torch; the process then goes on as the first lane (Build's
+``then_lane``), so the first answer waits for one lane's start less.
 
 ``-compile``: building a model's programs takes a minute or more where the compile cache does
 not hold them yet, and seconds where it does. The server does not wait for them: the model
