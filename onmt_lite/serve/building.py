@@ -114,7 +114,8 @@ def _build(conn, options: dict, path: str, name: str, server: int, then_lane: bo
     # none of what building leaves in memory (58 MiB more of heap than the other lane's, where
     # it built the model itself)
     from onmt_lite.serve import lane_process
-    if _send(conn, _forked(options, path, name)):
+    fork = hasattr(os, "fork")  # (where there is none, it builds the model itself)
+    if _send(conn, _forked(options, path, name) if fork else _attempt(options, path, name)):
         lane_process.serve(conn)
 
 
