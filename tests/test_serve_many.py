@@ -191,3 +191,15 @@ def test_the_first_models_builder_goes_on_as_a_lane_and_a_failed_build_leaves_no
             assert ask(c, 1, line) == expected(os.path.join(TINY, name), [line], OPT)[0]
     finally:
         registry.stop()
+
+
+def test_a_build_whose_process_is_ended_fails_saying_how(tmp_path):
+    """A model's building process that ends before it answers (here: SIGTERM, as unloading a
+    -compile model mid-build does) gives BuildFailed naming how it ended, not a hang."""
+    from onmt_lite.serve.building import Build, BuildFailed
+    build = Build({"model": os.path.join(TINY, sorted(TINY_LINES)[0])},
+                  str(tmp_path / "model.pt"), "model0")
+    build.stop()
+    with pytest.raises(BuildFailed, match="ended \\(killed by SIGTERM\\)"):
+        build.result()
+    assert not (tmp_path / "model.pt").exists()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from onmt_lite.parent_watch import end_with_parent
+from onmt_lite.serve.lanes import Lane, how_ended
 from onmt_lite.serve.limits import SearchShape
 from onmt_lite.translate.sources import SourceReader
 
@@ -74,7 +75,7 @@ class Build:
         except (EOFError, OSError):
             self.conn.close()
             self.process.join()
-            raise BuildFailed(f"the process that built it ended ({_how(self.process)})") \
+            raise BuildFailed(f"the process that built it ended ({how_ended(self.process)})") \
                 from None
         if kind == "failed" or not self.then_lane:
             self.conn.close()
@@ -85,21 +86,10 @@ class Build:
 
     def lane(self):
         """The process, after ``result``, as a lane (lanes.Lane; LaneError if it failed)."""
-        from onmt_lite.serve.lanes import Lane
         return Lane((self.process, self.conn))
 
     def stop(self) -> None:
         self.process.terminate()
-
-
-def _how(process) -> str:
-    code = process.exitcode
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
 
 
 def _build(conn, options: dict, path: str, name: str, server: int, then_lane: bool) -> None:

@@ -96,15 +96,7 @@ class Lane:
     def ended(self) -> str:
         """How the lane process ended (it is reaped here): its exit status or signal."""
         self.process.join(5)
-        code = self.process.exitcode
-        if code is None:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit status {code}"
+        return how_ended(self.process)
 
     def receive(self):
         """(kind, model key, ...): ("sentence", key, batch id, index, result) as each
@@ -122,6 +114,20 @@ class Lane:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+def how_ended(process) -> str:
+    """A finished process's exit status or the signal that killed it ("still running" if not
+    finished)."""
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def _lane_main(conn, server: int) -> None:

@@ -164,8 +164,8 @@ class ServedModel:
     def load(self) -> None:
         """Loads the model (once; a failure is kept in ``state`` and ``error``): its
         translator is built in a process of its own (building.py). The first model's builder
-        then goes on as the first lane, and the others start (the three side by side, each
-        with torch, held 84 MiB more at their peak than the lanes do decoding)."""
+        then goes on as the first lane and the others start: started beside the builder, they
+        made the server's peak 84 MiB higher (three processes with torch at once)."""
         with self.lock:
             if self.state == "ready":
                 return

@@ -51,14 +51,6 @@ class WeightFiles:
         self.lock = threading.Lock()
         self.count = 0
 
-    def write(self, translator, name: str) -> Optional[str]:
-        """The path of a file of ``translator`` (its model included), for the lanes to map;
-        None where the translator cannot be written: each lane then builds its own copy,
-        and one line says so. Compiled programs are written without their code, which each
-        lane loads from the compile cache (compiled_step.attach)."""
-        path = self.path(name)
-        return path if write_translator(translator, path, name) else None
-
     def path(self, name: str) -> str:
         """A new file's path in the folder (made at the first one)."""
         with self.lock:
@@ -76,9 +68,11 @@ class WeightFiles:
 
 
 def write_translator(translator, path: str, name: str) -> bool:
-    """Writes ``translator`` to ``path`` (WeightFiles.write); False, after one line that says
-    why, where torch cannot write it. (Run where the model was built: the server's own process
-    never imports torch.)"""
+    """Writes ``translator`` (its model included) to ``path`` for the lanes to map; False, after
+    one line that says why, where torch cannot write it (each lane then builds its own copy).
+    Compiled programs are written without their code, which each lane loads from the compile
+    cache (compiled_step.attach). Run where the model was built: the server's own process never
+    imports torch."""
     import torch
     try:
         torch.save(translator, path)
