@@ -12,6 +12,18 @@ from onmt_lite.models.onednn import OneDNNLinear, padded_rows, to_onednn
 from onmt_lite.translate import DecodingOptions, Translator
 
 
+@pytest.mark.parametrize("vendor, capability, slow", [
+    ("AuthenticAMD", "AVX512", True), ("AuthenticAMD", "AVX2", False),
+    ("GenuineIntel", "AVX512", False), ("", "AVX512", False)])
+def test_onednn_takes_the_products_only_on_a_cpu_whose_avx512_mkl_leaves_unused(
+        monkeypatch, vendor, capability, slow):
+    # AMD with AVX2 only (Zen 3): oneDNN's small products take 1.2-10x MKL's time (onednn.py)
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    assert onednn.mkl_is_slow.__wrapped__() is slow
+
+
 def test_rows_are_padded_to_a_few_shapes():
     assert [padded_rows(r) for r in (1, 2, 3, 5, 8, 9, 31, 32, 33, 64, 65, 256)] == \
         [1, 2, 4, 8, 8, 16, 32, 32, 64, 64, 96, 256]

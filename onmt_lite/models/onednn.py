@@ -2,11 +2,15 @@
 to a few shapes. bf16 products (bfloat16.py) run here, and so do the fast path's fp32 products on
 a CPU where MKL's are slow.
 
-MKL takes a slow path on CPUs not made by Intel. On an AMD EPYC (Zen 4), one thread, oneDNN's
-fp32 products take 0.36-0.45x MKL's time at a step's rows (4, 20 or 160 rows of 192 x 8,000,
-256 x 3,560, 512 x 2,048). Their sums are ordered differently, so their results differ in the
-last bits: exact decoding keeps torch's own products (OpenNMT-py's, to the bit); the fast path,
-judged by BLEU, takes oneDNN's there (``mkl_is_slow``).
+MKL takes a slow path on CPUs not made by Intel: it leaves their AVX-512 unused. On an AMD EPYC
+with AVX-512 (Zen 4), one thread, oneDNN's fp32 products take 0.36-0.45x MKL's time at a step's
+rows (4, 20 or 160 rows of 192 x 8,000, 256 x 3,560, 512 x 2,048). On one with AVX2 only (Zen 3)
+they take 1.2-10x MKL's time at 1-16 rows of the Argos package's 192 x 192 to 768 x 192, 1.1-2.3x
+at 64-160 rows, 0.9-1.4x on its 192 x 8,000 output layer, and the fast path's batches and lone
+sentences take 1.07-1.08x its time with them (Transformer fixture): there MKL keeps its products.
+Their sums are ordered differently, so their results differ in the last bits: exact decoding
+keeps torch's own products (OpenNMT-py's, to the bit); the fast path, judged by BLEU, takes
+oneDNN's where MKL's are slow (``mkl_is_slow``).
 
 oneDNN compiles and keeps a kernel for every shape it meets (~0.5 MiB and 0.5-4 ms each): a
 product's rows are padded to the next power of two up to ROW_MULTIPLE, then to a multiple of it,
@@ -28,16 +32,19 @@ MAX_ROWS = 256
 @functools.lru_cache(maxsize=None)
 def mkl_is_slow() -> bool:
     """Whether fp32 products run faster through oneDNN than through torch's MKL here: on an
-    x86 CPU not made by Intel, with a torch build that has oneDNN."""
-    if not torch.backends.mkldnn.is_available():
-        return False
+    x86 CPU with AVX-512 not made by Intel, with a torch build that has oneDNN."""
+    return torch.backends.mkldnn.is_available() and cpu_vendor() not in ("", "GenuineIntel") \
+        and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"); "" where it cannot say."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            vendor = next((line.split(":", 1)[1].strip() for line in f
-                           if line.startswith("vendor_id")), "")
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("vendor_id")), "")
     except OSError:
-        return False
-    return vendor not in ("", "GenuineIntel")
+        return ""
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
