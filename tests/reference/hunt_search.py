@@ -36,7 +36,10 @@ from hunt_variant import KINDS, TIES_FROM, write_hunt_variant  # noqa: E402
 FIXTURES = os.path.join(ROOT, "..", "shared", "fixtures", "onmt-py")
 MODELS = [f"{fixture} {kind}" for fixture in ("transformer", "rnn") for kind in KINDS]
 SCORE_TOL = 1e-4
-RELATIVE_TOL = 1e-6
+# float32's precision of a long hypothesis's summed score, across CPUs: the references were
+# made on AVX-512, and on AVX2 the products round differently, step after step (an RNN's
+# 110-token hypothesis that never ends: 2.1e-6 of its score)
+RELATIVE_TOL = 1e-5
 TIE = 1e-5
 
 
