@@ -8,7 +8,7 @@ at steps where some hypothesis ends.
 """
 import itertools
 from dataclasses import dataclass, field
-from typing import Generator, Iterator, List, Optional, Sequence
+from typing import Generator, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch.nn import functional as F
@@ -139,11 +139,11 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
             values = ranked.gather(1, ids)
         else:
             values, ids = selection.pick(ranked.view(n, k, vocab), k)  # (n, width)
-        origin = torch.div(ids, vocab, rounding_mode="floor")
-        tokens = ids - origin * vocab
+        origin, tokens = torch.div(ids, vocab, rounding_mode="floor"), ids.remainder(vocab)
         if hasattr(rule, "revise"):  # a rule that edits the chosen candidates
             values, origin, tokens = rule.revise(values, origin, tokens, step)
-        rows = origin + torch.arange(n, device=device).unsqueeze(1) * k  # (n, width)
+        rows = origin if n == 1 else origin + torch.arange(  # (n, width)
+            0, n * k, k, device=device).unsqueeze(1)
         flat = rows.view(-1)
         cand_attn = attn.index_select(0, flat)
         paths.extend(flat, tokens.view(-1, 1), cand_attn)
@@ -226,10 +226,13 @@ class Paths:
 
     def extend(self, flat: torch.Tensor, tokens: torch.Tensor, cand_attn: torch.Tensor) -> None:
         """The candidates' histories: their origin rows' (``flat``), one token and attention
-        row more."""
+        row more (none kept: an empty history of their rows, nothing to copy)."""
         self.cand_seqs = torch.cat([self.seqs.index_select(0, flat), tokens], dim=1)
-        self.cand_hist = torch.cat([self.attn_hist.index_select(0, flat),
-                                    cand_attn[:, None, :self.attn_width]], dim=1)
+        if self.attn_width:
+            self.cand_hist = torch.cat([self.attn_hist.index_select(0, flat),
+                                        cand_attn[:, None, :self.attn_width]], dim=1)
+        else:
+            self.cand_hist = self.attn_hist.new_empty(flat.numel(), self.attn_hist.size(1) + 1, 0)
 
     def path_of(self, width: int):
         """A function of candidate c: its tokens and attention, without source padding."""
@@ -242,13 +245,22 @@ class Paths:
                     cand_hist[c, start[sentence]:, :lengths[sentence]])
         return path
 
-    def choose(self, going_on: Optional[torch.Tensor], flat: torch.Tensor,
+    def choose(self, going_on: Union[torch.Tensor, int, None], flat: torch.Tensor,
                tokens: torch.Tensor):
-        """Keeps the candidates that go on ((n, k) of each sentence's ``width``; None: all);
-        returns their origin rows and tokens."""
+        """Keeps the candidates that go on: (n, k) places in each sentence's ``width``, an int
+        j for the first j of each (a slice: nothing to gather), or None for all; returns their
+        origin rows and tokens."""
         if going_on is None:
             self.seqs, self.attn_hist = self.cand_seqs, self.cand_hist
             return flat, tokens
+        if isinstance(going_on, int):
+            n, width = tokens.shape
+
+            def first(rows: torch.Tensor) -> torch.Tensor:
+                shape = rows.shape[1:]
+                return rows.view(n, width, *shape)[:, :going_on].reshape(n * going_on, *shape)
+            self.seqs, self.attn_hist = first(self.cand_seqs), first(self.cand_hist)
+            return first(flat), first(tokens.reshape(-1))
         n, width = going_on.size(0), tokens.size(1)
         chosen = (going_on + torch.arange(n, device=self.device).unsqueeze(1) * width).view(-1)
         self.seqs = self.cand_seqs.index_select(0, chosen)

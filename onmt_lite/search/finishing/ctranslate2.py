@@ -71,8 +71,7 @@ class ReplaceFinished:
         ends = tokens.eq(self.eos)
         if self.prefixes is not None:  # a prefix's own </s> ends nothing
             ends &= (self.prefix_lengths < step).unsqueeze(1)
-        going_on = torch.arange(k, device=values.device).expand(n, k)
-        done = {}
+        going_on, done = k, {}  # the first k candidates of each sentence (Paths.choose)
         if last or bool(ends[:, :k].any()):
             ends_l, scores = ends.tolist(), values.tolist()
             going = [list(range(k)) for _ in range(n)]
@@ -95,7 +94,9 @@ class ReplaceFinished:
                             else count >= self.max_candidates):
                     done[i] = self._best(self.recorded[i])
             going_on = torch.tensor(going, device=values.device)
-        self.running = values.gather(1, going_on)
+            self.running = values.gather(1, going_on)
+        else:
+            self.running = values[:, :k].contiguous()
         return going_on, done
 
     def _best(self, recorded: list) -> List[Hypothesis]:
