@@ -15,6 +15,7 @@ from marian_dirs import (
     write_marian,
 )
 
+from onmt_lite.models.onednn import cpu_vendor
 from onmt_lite.translate import build_translator
 
 transformers = pytest.importorskip("transformers", reason="transformers is the oracle here "
@@ -267,15 +268,8 @@ INTEL_AVX512_TIES = {(TINY, 6, 'e2ed9d6a303e'), (TINY, 6, '735bf20031a7'),
                      (TINY, 7, '24ab47f6db09')}
 
 
-def _intel() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return "GenuineIntel" in f.read()
-    except OSError:
-        return False
-
-
-INTEL_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512") and _intel()
+INTEL_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512") \
+    and cpu_vendor() == "GenuineIntel"
 
 
 @pytest.mark.parametrize("model", list(hunt_hf.MODELS))
