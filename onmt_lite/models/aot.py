@@ -6,12 +6,17 @@ serves every model, precision, torch and CPU it has met; a crash never leaves ha
 under its name.
 """
 import contextlib
+import ctypes
 import functools
+import itertools
 import logging
 import os
 import shutil
 import sys
+import tempfile
 import threading
+import weakref
+import zipfile
 from typing import Callable, Optional
 
 import torch
@@ -113,19 +118,83 @@ def _template_first(choices: list) -> list:
 
 def load_package(path: str) -> Callable:
     """An AOTInductor package's program, as a function of the exported module's arguments
-    (tensors and lists of tensors) that returns its outputs as a list. torch's own loader
-    (aoti_load_package) first imports its serialisation code and probes every vector
-    instruction set by building test programs (2-4 s in all), only to warn where a package was
-    made for other ones (its name here holds the CPU's: compiled_step._name), and flattens the
-    arguments with a tree spec it decodes at every call: its loader underneath is called
-    directly where this torch has it."""
+    (tensors and lists of tensors) that returns its outputs as a list.
+
+    The package's shared library is called through its C entry points by ctypes, which lets go
+    of the interpreter lock for the call: torch's loaders hold it throughout, so two threads'
+    steps (-inter_threads) would take turns (twice -fast's time on two cores). The container
+    holds one model per core, so that threads sharing the program never wait for each other.
+    torch's own loader serves where the library cannot be called so (another platform)."""
+    try:
+        return _ctypes_program(path)
+    except (OSError, AttributeError, KeyError, ImportError) as problem:
+        logger.debug("-compile: %s by torch's loader (%s)", path, problem)
     try:
         from torch._C._aoti import AOTIModelPackageLoader
     except ImportError:
         from torch._inductor import aoti_load_package
         return aoti_load_package(path)
-    run = AOTIModelPackageLoader(path, "model", False, 1, -1).boxed_run
+    run = AOTIModelPackageLoader(path, "model", False, _cores(), -1).boxed_run
 
     def program(*args):
         return run([t for arg in args for t in (arg if isinstance(arg, list) else [arg])])
     return program
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def _ctypes_program(path: str) -> Callable:
+    """load_package's program, by the package's library called through ctypes. The library is
+    unpacked to a private temporary file, loaded and unlinked (its constants are inside it)."""
+    from torch._C import _aoti
+    with zipfile.ZipFile(path) as package:
+        member, = (n for n in package.namelist() if n.endswith(".so"))
+        with tempfile.NamedTemporaryFile(suffix=".so") as unpacked:
+            shutil.copyfileobj(package.open(member), unpacked)
+            unpacked.flush()
+            library = ctypes.CDLL(unpacked.name)
+    handle = ctypes.c_void_p()
+    _check(library.AOTInductorModelContainerCreateWithDevice(
+        ctypes.byref(handle), ctypes.c_size_t(_cores()), b"cpu", None))
+    count = ctypes.c_size_t()
+    _check(library.AOTInductorModelContainerGetNumOutputs(handle, ctypes.byref(count)))
+    outputs = count.value
+    run = library.AOTInductorModelContainerRun
+    run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+    give, take = _aoti.unsafe_alloc_void_ptrs_from_tensors, \
+        _aoti.alloc_tensors_by_stealing_from_void_ptrs  # tensor handles, as capsules
+    address, capsule = _capsule_functions()
+
+    def program(*args):
+        tensors = [t for arg in args for t in (arg if isinstance(arg, list) else [arg])]
+        # handles of new references to the tensors, which the program releases
+        handles = (ctypes.c_void_p * len(tensors))(*map(address, give(tensors), _NAMELESS))
+        results = (ctypes.c_void_p * outputs)()
+        _check(run(handle, handles, len(tensors), results, outputs, None, None))
+        return take([capsule(r, None, None) for r in results])
+    weakref.finalize(program, library.AOTInductorModelContainerDelete, handle)
+    return program
+
+
+_NAMELESS = itertools.repeat(None)
+
+
+@functools.lru_cache(maxsize=None)
+def _capsule_functions() -> tuple:
+    """Python's functions that read a capsule's address and wrap one in a capsule (torch
+    passes tensor handles as capsules)."""
+    address, capsule = ctypes.pythonapi.PyCapsule_GetPointer, ctypes.pythonapi.PyCapsule_New
+    address.restype, address.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    capsule.restype = ctypes.py_object
+    capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return address, capsule
+
+
+def _check(error: int) -> None:
+    if error:
+        raise RuntimeError(f"compiled program failed (AOTInductor error {error}); "
+                           "its message is in the log above")
