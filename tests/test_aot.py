@@ -44,7 +44,7 @@ def test_a_program_gives_the_modules_outputs_to_several_threads_at_once(build):
     module = Sums().eval()
     rows = torch.export.Dim("rows", min=2, max=64)
     example = (torch.randn(3, 64), [torch.randn(3, 64), torch.randn(3, 64)])
-    program = build(module, example, {"x": {0: rows}, "extra": [{0: rows}, {0: rows}]},
+    program = build(module, example, lambda: {"x": {0: rows}, "extra": [{0: rows}, {0: rows}]},
                     "sums-test")
     inputs = [(torch.randn(n, 64), [torch.randn(n, 64), torch.randn(n, 64)])
               for n in (2, 5, 64)]
@@ -74,7 +74,7 @@ def test_a_program_lets_other_threads_run_while_it_runs(build):
     """Two -inter_threads batches' compiled steps run side by side only if a call lets go of
     the interpreter lock: while one thread is inside the program, the main thread counts on.
     (measured: 0.9 of its speed alone; by a call that holds the lock throughout: 0.01)."""
-    program = build(Heavy().eval(), (torch.randn(256, 256),), {}, "heavy-test")
+    program = build(Heavy().eval(), (torch.randn(256, 256),), dict, "heavy-test")
     x = torch.randn(256, 256)
     program(x)
     count, inside, done = [0], [], threading.Event()

@@ -164,8 +164,8 @@ class MemoryProgram(nn.Module):
 
 class Program:
     """A program that ``build`` compiles at its first call (in whichever thread calls first):
-    ``make()`` gives the module, example arguments, their dynamic shapes and a name (see
-    Builder). Called with the module's arguments, returns its outputs as a list."""
+    ``make()`` gives the module, example arguments, a function giving their dynamic shapes
+    and a name (see Builder). Called with the module's arguments, returns its outputs as a list."""
 
     def __init__(self, build: Builder, make: Callable[[], tuple]):
         self.build, self.make = build, make
@@ -198,9 +198,11 @@ class CompiledOutput:
 
     def _make(self) -> tuple:
         example = torch.zeros(2, self.generator.in_features, device=self.generator.weight.device)
-        rows = torch.export.Dim("rows", min=1, max=1 << 20)
         name = "output-" + _name(_made_of([self.generator]), self.generator.weight.device)
-        return OutputProgram(self.generator).eval(), (example,), {"x": {0: rows}}, name
+
+        def shapes():
+            return {"x": {0: torch.export.Dim("rows", min=1, max=1 << 20)}}
+        return OutputProgram(self.generator).eval(), (example,), shapes, name
 
 
 class CompiledEncoder:
@@ -236,11 +238,15 @@ class CompiledEncoder:
         device = module.embeddings.weight.device
         example = (torch.ones(EXAMPLE_SOURCES, EXAMPLE_LENGTH, dtype=torch.long, device=device),
                    torch.tensor([EXAMPLE_LENGTH, EXAMPLE_LENGTH - 1], device=device))
-        Dim = torch.export.Dim
-        b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1, max=self.max_len)
         made_of = _made_of([module.embeddings, module.layers, module.norm])
         name = "encoder-" + _name(made_of, device, "bf16" if module.bf16 else "fp32")
-        return module, example, {"src": {0: b, 1: s}, "src_len": {0: b}}, name
+
+        def shapes():
+            Dim = torch.export.Dim
+            b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1,
+                                                             max=self.max_len)
+            return {"src": {0: b, 1: s}, "src_len": {0: b}}
+        return module, example, shapes, name
 
 
 def _made_of(modules) -> str:
@@ -306,9 +312,11 @@ class CompiledStep:
         device = self.decoder_modules[0].weight.device
         example = torch.zeros(EXAMPLE_SOURCES, EXAMPLE_LENGTH, layers[0].self_attn.heads
                               * layers[0].self_attn.dim_per_head, device=device)
-        Dim = torch.export.Dim
-        shapes = {"memory": {0: Dim("sources", min=1, max=1 << 16),
-                             1: Dim("source_length", min=1, max=1 << 16)}}
+
+        def shapes():
+            Dim = torch.export.Dim
+            return {"memory": {0: Dim("sources", min=1, max=1 << 16),
+                               1: Dim("source_length", min=1, max=1 << 16)}}
         return MemoryProgram(layers).eval(), (example,), shapes, self.name("memory")
 
     def __call__(self, decoder, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -359,7 +367,7 @@ class CompiledStep:
     @staticmethod
     def example(decoder, group: int):
         """Example arguments for the export (sizes above one: a dimension traced at size 1 is
-        fixed at 1) and their dynamic dimensions."""
+        fixed at 1) and a function giving their dynamic dimensions."""
         layer = decoder.layers[0]
         heads, dim = layer.self_attn.heads, layer.self_attn.dim_per_head
         device = decoder.embeddings.weight.device
@@ -373,14 +381,18 @@ class CompiledStep:
                 torch.ones(rows, dtype=torch.long, device=device),
                 zeros(len(decoder.layers), 2, rows + 1, heads, EXAMPLE_CAPACITY, dim), memory,
                 zeros(sources, heads, 1, length))
-        Dim = torch.export.Dim
-        b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1, max=1 << 16)
-        r = b if group == 1 else group * b
-        c = Dim("capacity", min=2, max=decoder.embeddings.max_len + EXAMPLE_CAPACITY)
-        shapes = {"tokens": {0: r}, "positions": {0: r},
-                  "buffer": {2: Dim("buffer_rows", min=min_buffer_rows(group), max=1 << 20), 4: c},
-                  "memory": [{0: b, 3 - i % 2: s} for i in range(len(memory))],
-                  "src_bias": {0: b, 3: s}}
+        max_len = decoder.embeddings.max_len
+
+        def shapes():
+            Dim = torch.export.Dim
+            b, s = Dim("sources", min=1, max=1 << 16), Dim("source_length", min=1, max=1 << 16)
+            r = b if group == 1 else group * b
+            c = Dim("capacity", min=2, max=max_len + EXAMPLE_CAPACITY)
+            return {"tokens": {0: r}, "positions": {0: r},
+                    "buffer": {2: Dim("buffer_rows", min=min_buffer_rows(group), max=1 << 20),
+                               4: c},
+                    "memory": [{0: b, 3 - i % 2: s} for i in range(len(memory))],
+                    "src_bias": {0: b, 3: s}}
         return args, shapes
 
     def name(self, kind: str, *parts: str) -> str:
