@@ -1,6 +1,7 @@
 """Programs compiled ahead of time (aot.py): a package's program gives the module's outputs
-for tensors and lists of tensors, serves several threads at once, and lets go of the
-interpreter lock while it runs."""
+for tensors and lists of tensors, serves several threads at once, lets go of the interpreter
+lock while it runs, and keeps one copy of its weights in memory."""
+import os
 import sys
 import threading
 import time
@@ -15,13 +16,13 @@ pytestmark = pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C
 
 
 class Chain(nn.Module):
-    """x @ w + sum(extra), x's row sums (a list among the arguments, several outputs), and a
-    chain of (rows, rows) products: at 512 rows, a call long enough (about 0.1 s) for another
-    thread to be seen running meanwhile."""
+    """x @ w + sum(extra) (w: 4 MiB), x's row sums (a list among the arguments, several
+    outputs), and a chain of (rows, rows) products: at 512 rows, a call long enough (about
+    0.1 s) for another thread to be seen running meanwhile."""
 
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(64, 64))
+        self.w = nn.Parameter(torch.randn(64, 16384))
 
     def forward(self, x, extra):
         square = torch.tanh(x @ x.T * 0.01)
@@ -31,7 +32,7 @@ class Chain(nn.Module):
 
 
 def arguments(rows: int) -> tuple:
-    return torch.randn(rows, 64), [torch.randn(rows, 64), torch.randn(rows, 64)]
+    return torch.randn(rows, 64), [torch.randn(rows, 16384), torch.randn(rows, 16384)]
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,26 @@ def test_a_program_lets_other_threads_run_while_it_runs(chain):
     counted = sum(c for c, _ in inside)
     seconds = sum(s for _, s in inside)
     assert counted > 0.3 * rate * seconds, (counted, rate, seconds)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc")
+def test_a_programs_weights_are_in_memory_once(chain):
+    """The container copies the constants out of the library's image; the image's pages of
+    them leave memory (else each process would hold the weights twice)."""
+    smaps = _resident_kib_of_unlinked_libraries()
+    assert smaps, "no library of a program is mapped"
+    assert sum(smaps.values()) < 1024, smaps  # of the 4 MiB of w
+
+
+def _resident_kib_of_unlinked_libraries() -> dict:
+    """Resident KiB of each mapped library whose file is gone (the programs' unpacked ones)."""
+    resident, current = {}, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):  # a mapping: address range, ..., [path]
+                current = fields[5] if len(fields) > 6 and fields[6] == "(deleted)" and \
+                    fields[5].endswith(".so") else None
+            elif current and fields[0] == "Rss:":
+                resident[current] = resident.get(current, 0) + int(fields[1])
+    return resident
