@@ -49,11 +49,12 @@ def make_model(opt: dict, src_vocab: Vocab, tgt_vocab: Vocab, seed: int = 0):
     return model.eval()
 
 
-def tiny_checkpoint(path, seed: int = 0) -> str:
-    """Saves the tiny seeded Transformer, with the tiny vocabularies, as a checkpoint file."""
+def tiny_checkpoint(path, seed: int = 0, opt: dict = TINY_TRANSFORMER) -> str:
+    """Saves a tiny seeded model (the Transformer by default), with the tiny vocabularies, as
+    a checkpoint file."""
     src_vocab, tgt_vocab = Vocab(list(SPECIALS) + SRC_WORDS), Vocab(list(SPECIALS) + TGT_WORDS)
-    save_checkpoint(str(path), make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, seed),
-                    src_vocab, tgt_vocab, TINY_TRANSFORMER)
+    save_checkpoint(str(path), make_model(opt, src_vocab, tgt_vocab, seed),
+                    src_vocab, tgt_vocab, opt)
     return str(path)
 
 

@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, tiny_checkpoint
+from conftest import ROOT, TINY_RNNS, tiny_checkpoint
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from profile_decode import group_times  # noqa: E402
@@ -125,8 +125,10 @@ def test_threads_benchmark_smoke(tmp_path):
 
 def test_benchmark_startup_mode(tmp_path):
     """A fresh process's time to its first translation: exact, -fast, -compile with an empty
-    and a warm cache (where a compiler is found; else the uncompiled step), without a compiler."""
-    ckpt = tiny_checkpoint(tmp_path / "m.pt")
+    and a warm cache (where a compiler is found; else the uncompiled step), without a compiler.
+    The model is an RNN, for which -compile builds nothing: five launches take seconds, not the
+    minutes a Transformer's programs take to build (test_fast.py builds and runs them)."""
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", opt=TINY_RNNS["brnn-LSTM-general"])
     (tmp_path / "src").write_text("a b c\nd e\n")
     out = tmp_path / "startup.json"
     proc = run_script("translate_bench.py", "-model", ckpt, "-src", tmp_path / "src", "-ref",
