@@ -455,8 +455,8 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
 
 
 def _served_with_the_compiled_programs(model, cache, lines, made, expected):
-    """The server's lanes load the programs too, once the server has swapped its uncompiled
-    model for them (here at once: the cache holds them): one-sentence requests from 8 clients
+    """The server's lanes load the programs too (from its first build: the cache holds them,
+    so it does not start on the uncompiled path): one-sentence requests from 8 clients
     join each other's searches between steps, through the compiled step, and each gets the line
     the uncompiled step finds for it alone."""
     server = _compile_server(model, "-compile_cache", str(cache))
@@ -464,9 +464,12 @@ def _served_with_the_compiled_programs(model, cache, lines, made, expected):
         _wait_for_line(server, "its compiled programs are ready", 120)
         answers = _answers(server, lines * 3)
         compiled = _compiled_metric(server)
+        log = "".join(server.log)
     finally:
         server.stop()
     assert compiled == "1.0"
+    assert "its compiled programs are ready (from the compile cache)" in log, log
+    assert "answers uncompiled meanwhile" not in log, log
     assert answers == expected * 3
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 

@@ -52,10 +52,15 @@ def compiler_problem() -> Optional[str]:
     return None
 
 
-def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
+class NotInCache(Exception):
+    """A program that a builder which only loads (``build_missing`` off) did not find."""
+
+
+def aot_compiler(cache_dir: str = "", build_missing: bool = True) -> Optional[Builder]:
     """A Builder that exports a step program, compiles it by AOTInductor (frozen, serial code)
     and keeps the package in ``cache_dir`` (default: the user's cache), or loads the package a
-    previous process made; where no compiler is found, says so in one line and returns None."""
+    previous process made; without ``build_missing``, raises NotInCache for a program not
+    made yet. Where no compiler is found, says so in one line and returns None."""
     problem = compiler_problem()
     if problem:
         logger.warning("-compile: %s: the model runs uncompiled", problem)
@@ -66,6 +71,8 @@ def aot_compiler(cache_dir: str = "") -> Optional[Builder]:
               inline: bool = False) -> Callable:
         path = os.path.join(directory, f"{name}.pt2")
         if not os.path.exists(path):
+            if not build_missing:
+                raise NotInCache(f"{name} is not in the compile cache {directory} yet")
             os.makedirs(directory, exist_ok=True)
             logger.info("-compile: compiling %s (once: kept in %s)", name, directory)
             from torch._inductor import aoti_compile_and_package, config

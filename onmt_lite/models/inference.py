@@ -117,20 +117,22 @@ def plan_step(device: str = "cpu", int8: bool = False, precision: str = "fp32",
                     int8 and int8_rows, onednn=fast and not on_gpu and mkl_is_slow())
 
 
-def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "") -> NMTModel:
+def prepare(model: NMTModel, plan: StepPlan, compile_cache: str = "",
+            build_programs: bool = True) -> NMTModel:
     """Moves ``model`` to the plan's device in eval mode and puts its step on the plan's variant:
     the fast layers, compiled where a compiler is found (programs built at the first batch, see
     build.warm_up), bf16 products (``bf16`` every product, ``mixed`` those of the encoder and
     decoder layers, the output layer's in fp32), int8 products (the fast layers are quantised
     too), then the fp32 products left through oneDNN where MKL's are slow. Searches keep their
-    scores in fp32."""
+    scores in fp32. Without ``build_programs``, programs the compile cache lacks are not
+    built: warm_up raises aot.NotInCache."""
     on_gpu = plan.device.startswith("cuda")
     model = model.to(device=plan.device,
                      dtype=PRECISIONS[plan.precision] if on_gpu else None).eval()
     if plan.fast:
         to_fast(model.decoder)
     if plan.compiled and isinstance(model.decoder, TransformerDecoder):
-        build = aot.aot_compiler(compile_cache)  # None where no compiler is found
+        build = aot.aot_compiler(compile_cache, build_programs)  # None: no compiler found
         int8 = plan.int8_engine is not None  # int8 products cannot be traced: eager but for
         # the steps of a few rows, programs made from fp32 copies of the layers
         if build is not None:
@@ -168,10 +170,10 @@ def _compiled_parts(model: NMTModel) -> list:
 def for_inference(model: NMTModel, device: str, int8: bool = False,
                   precision: str = "fp32", fast: bool = False, compile: bool = False,
                   compile_cache: str = "", int8_engine: str = "auto",
-                  int8_rows: bool = False) -> NMTModel:
+                  int8_rows: bool = False, build_programs: bool = True) -> NMTModel:
     """``model`` prepared for the step the options choose on this machine (plan_step)."""
     return prepare(model, plan_step(device, int8, precision, fast, compile, int8_engine,
-                                    int8_rows), compile_cache)
+                                    int8_rows), compile_cache, build_programs)
 
 
 def compiled_step(model: NMTModel) -> Optional[CompiledStep]:

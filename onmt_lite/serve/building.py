@@ -10,11 +10,12 @@ forks once it has imported torch; the process then goes on as the first lane (Bu
 ``then_lane``), so the first answer waits for one lane's start less.
 
 ``-compile``: building a model's programs takes a minute or more where the compile cache does
-not hold them yet, and seconds where it does. The server does not wait for them: the model
-loads on the uncompiled fast path (the same layers and precision) and answers at once, while a
-second such process builds the compiled translator, which fills the compile cache. The model
-then decodes through it (ServedModel swaps its batcher: new sentences take the programs, those
-on the lanes finish where they are). The compiler and its memory stay in that process.
+not hold them yet, and seconds where it does. The first process loads those the cache holds
+(``compile_if_cached``); where it lacks any, the server does not wait for them: the model
+loads on the uncompiled fast path and answers at once, while a second such process builds the
+compiled translator, which fills the compile cache. The model then decodes through it
+(ServedModel swaps its batcher: new sentences take the programs, those on the lanes finish
+where they are). The compiler and its memory stay in that process.
 """
 import logging
 import multiprocessing
@@ -34,22 +35,26 @@ from onmt_lite.translate.sources import SourceReader
 class Built:
     """What the server keeps of a model's translator. ``path``: the file of it that the lanes
     map (None where it cannot be written: each lane builds its own from the options);
-    ``compiled``: it decodes through compiled programs."""
+    ``compiled``: it decodes through compiled programs; ``compile_later``: a -compile model's
+    first build, uncompiled because the compile cache lacked programs that a compiler here
+    can build."""
     source: SourceReader
     shape: Optional[SearchShape]
     weights: int  # bytes
     joinable: bool
     path: Optional[str]
     compiled: bool
+    compile_later: bool = False
 
 
 class BuildFailed(Exception):
     """A model that did not load; the message says why."""
 
 
-def uncompiled(options: dict) -> dict:
-    """The options of a -compile model's uncompiled fast path, which answers meanwhile."""
-    return dict(options, compile=False, fast=True)
+def first_build(options: dict) -> dict:
+    """The options of a model's first build: a -compile model's programs only where the
+    compile cache holds them all (else the uncompiled fast path, which answers meanwhile)."""
+    return dict(options, compile_if_cached=True) if options.get("compile") else options
 
 
 class Build:
@@ -149,6 +154,7 @@ def _send(conn, message: tuple) -> bool:
 
 
 def _built(options: dict, path: str, name: str) -> Built:
+    from onmt_lite.models import aot
     from onmt_lite.models.inference import compiled_step
     from onmt_lite.serve.weights import weights_bytes, write_translator
     from onmt_lite.translate.build import build_translator
@@ -158,8 +164,10 @@ def _built(options: dict, path: str, name: str) -> Built:
         compiled_step(part) is not None or part.compiled_encoder is not None
         for part in getattr(model, "models", [model]))
     # a -compile build that compiled nothing (no compiler: build_translator said why) is not
-    # served: the model decodes on as it does
-    written = (compiled or not options.get("compile")) and write_translator(translator, path,
-                                                                              name)
+    # served, the model decodes on as it does; but a first build is served uncompiled
+    written = (compiled or not options.get("compile") or options.get("compile_if_cached")) \
+        and write_translator(translator, path, name)
+    later = bool(options.get("compile_if_cached")) and not compiled and \
+        aot.compiler_problem() is None
     return Built(translator.source_reader, SearchShape.of(model), weights_bytes(model),
-                 translator.joinable(), path if written else None, compiled)
+                 translator.joinable(), path if written else None, compiled, later)

@@ -174,7 +174,7 @@ class ServedModel:
             start = time.monotonic()
             options = dict(vars(self.options), keep_attention=self.options.replace_unk,
                            inter_threads=1, workers=1)
-            first = building.uncompiled(options) if options.get("compile") else options
+            first = building.first_build(options)
             name = f"model{self.id}"
             then_lane = self.host.pool is None  # the first model: its builder is a lane next
             build = building.Build(first, self.host.weights.path(name), name, then_lane)
@@ -201,10 +201,15 @@ class ServedModel:
             self.state, self.error = "ready", ""
             logger.info("%s loaded in %.2f s (about %.0f MiB)", self.spec.describe(),
                         self.load_time, self.memory / MIB)
-            if first is not options:
+            if built.compiled:
+                logger.info("%s: its compiled programs are ready (from the compile cache): it "
+                            "decodes through them", self.spec.describe())
+                self._compiled(True)
+            elif options.get("compile"):
                 self._compiled(False)
-                threading.Thread(target=self._compile, args=(options, self.loads),
-                                 daemon=True, name="onmt_lite-compile").start()
+                if built.compile_later:
+                    threading.Thread(target=self._compile, args=(options, self.loads),
+                                     daemon=True, name="onmt_lite-compile").start()
         self._reset_timer()
 
     def _compile(self, options: dict, load: int) -> None:

@@ -8,6 +8,7 @@ import torch
 from onmt_lite import argos, ct2_model, marian
 from onmt_lite.checkpoint import CheckpointError, load_model
 from onmt_lite.errors import OptionError
+from onmt_lite.models import aot
 from onmt_lite.models.ensemble import EnsembleModel
 from onmt_lite.models.inference import for_inference, uncompile
 from onmt_lite.search.presets import PRESETS
@@ -135,7 +136,8 @@ def _load(opt, paths: List[str], values: dict, device: str):
                     "weights (-precision fp32: its weights dequantized, decoded exactly)", path)
     models = [for_inference(m, device, int8, _get(opt, "precision", "auto") or "auto", fast,
                             bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
-                            _get(opt, "int8_engine", "auto") or "auto", int8_rows=stored_int8)
+                            _get(opt, "int8_engine", "auto") or "auto", int8_rows=stored_int8,
+                            build_programs=not _get(opt, "compile_if_cached", False))
               for m in models]
     return models, src_vocab, tgt_vocab, values, transform
 
@@ -254,6 +256,10 @@ def _compile_or_not(translator: Translator, models: list, device: str) -> None:
     torch.set_num_threads(1)
     try:
         translator.warm_up()
+    except aot.NotInCache as err:  # (the server's first build: its programs are built beside)
+        logger.info("-compile: %s: the model runs uncompiled", err)
+        for model in models:
+            uncompile(model)
     except Exception as err:  # noqa: BLE001 - any failure of export or compiler: run uncompiled
         why = next((line for line in str(err).splitlines() if line.strip()), "")
         logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
