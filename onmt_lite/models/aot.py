@@ -8,7 +8,6 @@ under its name.
 import contextlib
 import ctypes
 import functools
-import itertools
 import logging
 import mmap
 import os
@@ -85,7 +84,7 @@ def aot_compiler(cache_dir: str = "", build_missing: bool = True) -> Optional[Bu
                 partial = f"{path[:-4]}.{os.getpid()}.partial.pt2"  # the name must end in .pt2
                 aoti_compile_and_package(program, package_path=partial)
             os.replace(partial, path)  # a crash never leaves half a package under its name
-        return load_package(path)
+        return load_package(path, next((p.device.type for p in module.parameters()), "cpu"))
     return build
 
 
@@ -125,7 +124,7 @@ def _template_first(choices: list) -> list:
     return [c for c in choices if c.name.startswith("cpp_")] or choices
 
 
-def load_package(path: str) -> Callable:
+def load_package(path: str, device: str = "cpu") -> Callable:
     """An AOTInductor package's program, as a function of the exported module's arguments
     (tensors and lists of tensors) that returns its outputs as a list.
 
@@ -133,11 +132,12 @@ def load_package(path: str) -> Callable:
     of the interpreter lock for the call: torch's loaders hold it throughout, so two threads'
     steps (-inter_threads) would take turns (twice -fast's time on two cores). The container
     holds one model per core, so that threads sharing the program never wait for each other.
-    torch's own loader serves where the library cannot be called so (another platform)."""
-    try:
-        return _ctypes_program(path)
-    except (OSError, AttributeError, KeyError, ImportError) as problem:
-        logger.debug("-compile: %s by torch's loader (%s)", path, problem)
+    torch's own loader serves a GPU's programs, and where the library cannot be called so."""
+    if device == "cpu":
+        try:
+            return _ctypes_program(path)
+        except (OSError, AttributeError, ValueError, ImportError) as problem:
+            logger.debug("-compile: %s by torch's loader (%s)", path, problem)
     try:
         from torch._C._aoti import AOTIModelPackageLoader
     except ImportError:
@@ -182,15 +182,12 @@ def _ctypes_program(path: str) -> Callable:
     def program(*args):
         tensors = [t for arg in args for t in (arg if isinstance(arg, list) else [arg])]
         # handles of new references to the tensors, which the program releases
-        handles = (ctypes.c_void_p * len(tensors))(*map(address, give(tensors), _NAMELESS))
+        handles = (ctypes.c_void_p * len(tensors))(*[address(h, None) for h in give(tensors)])
         results = (ctypes.c_void_p * outputs)()
         _check(run(handle, handles, len(tensors), results, outputs, None, None))
         return take([capsule(r, None, None) for r in results])
     weakref.finalize(program, library.AOTInductorModelContainerDelete, handle)
     return program
-
-
-_NAMELESS = itertools.repeat(None)
 
 
 @functools.lru_cache(maxsize=None)
