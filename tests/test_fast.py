@@ -277,7 +277,7 @@ def test_compiled_programs_make_their_own_bf16_products(precision, src_vocab, tg
                                                         monkeypatch):
     """With -compile the encoder and the decoder keep their fp32 weights for their programs,
     which round their products to bf16 themselves; the output layer is bf16 only in bf16."""
-    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    monkeypatch.setattr(aot, "aot_compiler", lambda *_: lambda program, *_: program)
     model = make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3)
     model = for_inference(model, "cpu", precision=precision, compile=True)
     assert model.compiled_encoder.module.bf16 and model.decoder.compiled_step.bf16
@@ -293,7 +293,7 @@ def test_compile_with_int8_compiles_the_steps_of_a_few_rows_from_fp32_copies(src
     and a step of at most SMALL_ROWS rows runs a program made from fp32 copies of the layers
     taken before they were quantised (run uncompiled here). Given the same memory entries, a
     step of 2 rows is the fp32 fast step's, one of 9 rows the int8 fast step's."""
-    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    monkeypatch.setattr(aot, "aot_compiler", lambda *_: lambda program, *_: program)
 
     def model(**options):
         return for_inference(make_model(TINY_TRANSFORMER, src_vocab, tgt_vocab, 3), "cpu",
@@ -335,7 +335,7 @@ def test_a_compiled_model_written_for_the_lanes_loads_its_programs_again(tmp_pat
     def build(program, *_):
         built.append(type(program).__name__)
         return program
-    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": build)
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="", build_missing=True: build)
     monkeypatch.setattr(inference, "mkl_is_slow", lambda: False)  # oneDNN's packed weights
     # cannot be written: such a model is built by each lane
     translator = build_translator({"model": tiny_checkpoint(tmp_path / "tiny.pt"), "beam_size": 3,
@@ -373,7 +373,7 @@ def test_a_step_torch_cannot_compile_runs_uncompiled_after_one_line(tmp_path, mo
 
     def failing(program, args, shapes, name):
         raise RuntimeError("prims::convert_element_type() Expected a value of type 'Tensor'")
-    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": failing)
+    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="", build_missing=True: failing)
     lines = ["a b c", "d e f a"]
     with caplog.at_level(logging.WARNING, logger="onmt_lite"):
         translator = build_translator({"model": model, "compile": True, "beam_size": 3})

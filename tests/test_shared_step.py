@@ -385,7 +385,7 @@ def test_int8_decoders_with_programs_for_a_few_rows_step_together(monkeypatch):
     together are more than a few); a step run alone takes its program where it has few rows.
     A decoder compiled whole steps alone."""
     from onmt_lite.models import aot
-    monkeypatch.setattr(aot, "aot_compiler", lambda cache_dir="": lambda program, *_: program)
+    monkeypatch.setattr(aot, "aot_compiler", lambda *_: lambda program, *_: program)
     hybrid = build_translator({"model": MODEL, "beam_size": 2, "int8": True, "compile": True})
     whole = build_translator({"model": MODEL, "beam_size": 2, "compile": True})
     assert hybrid.model.decoder.compiled_step.few_rows_only
