@@ -256,14 +256,14 @@ def _compile_or_not(translator: Translator, models: list, device: str) -> None:
     torch.set_num_threads(1)
     try:
         translator.warm_up()
-    except aot.NotInCache as err:  # (the server's first build: its programs are built beside)
-        logger.info("-compile: %s: the model runs uncompiled", err)
-        for model in models:
-            uncompile(model)
     except Exception as err:  # noqa: BLE001 - any failure of export or compiler: run uncompiled
-        why = next((line for line in str(err).splitlines() if line.strip()), "")
-        logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
-                       "%s): they run uncompiled", device, type(err).__name__, why.strip()[:200])
+        if isinstance(err, aot.NotInCache):  # the server's first build: built beside it
+            logger.info("-compile: %s: the model runs uncompiled", err)
+        else:
+            why = next((line for line in str(err).splitlines() if line.strip()), "")
+            logger.warning("-compile: torch could not compile the model's programs on %s (%s: "
+                           "%s): they run uncompiled", device, type(err).__name__,
+                           why.strip()[:200])
         for model in models:
             uncompile(model)
     finally:
