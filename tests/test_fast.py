@@ -195,11 +195,11 @@ def test_a_few_rows_step_through_a_program_with_inline_products(src_vocab, tgt_v
         return program
     decoder.compiled_step = CompiledStep(decoder, build, bf16=True)
     lines = _lines(8, 4)
-    translator.translate(lines[:1])  # rows: 1, then 4 (beam 4)
-    translator.translate(lines[:3], batch_size=3)  # 3, then 12
-    translator.translate(lines, batch_size=8)  # 8, then 32: nothing new
-    assert sorted(built) == [(1, True, False), (4, False, True), (4, True, False)]
-    assert len(names) == 3 and compiled_step.SMALL_ROWS == 8
+    translator.translate(lines[:1])  # rows: 4 (beam 4; the first step's rows tiled before it)
+    translator.translate(lines[:3], batch_size=3)  # 12
+    translator.translate(lines, batch_size=8)  # 32: nothing new
+    assert sorted(built) == [(4, False, True), (4, True, False)]
+    assert len(names) == 2 and compiled_step.SMALL_ROWS == 8
 
 
 def test_inline_products_take_the_template_only_while_building_such_a_program():
@@ -341,7 +341,7 @@ def test_a_compiled_model_written_for_the_lanes_loads_its_programs_again(tmp_pat
     translator = build_translator({"model": tiny_checkpoint(tmp_path / "tiny.pt"), "beam_size": 3,
                                    "compile": True, "int8": int8})
     lines = _lines(12, 3)
-    expected = [t.output_lines() for t in translator.translate(lines, batch_size=4)]
+    expected = [t.output_lines() for t in translator.translate(lines, batch_size=2)]
     torch.save(translator, tmp_path / "written.pt")
     loaded = torch.load(tmp_path / "written.pt", mmap=True, weights_only=False)
     step = loaded.model.decoder.compiled_step
@@ -349,8 +349,8 @@ def test_a_compiled_model_written_for_the_lanes_loads_its_programs_again(tmp_pat
                                       for p in step.programs.values())
     inference.attach_programs(loaded.model)
     count = len(built)
-    assert [t.output_lines() for t in loaded.translate(lines, batch_size=4)] == expected
-    assert len(built) > count and step.few_rows_only == int8
+    assert [t.output_lines() for t in loaded.translate(lines, batch_size=2)] == expected
+    assert len(built) > count and step.few_rows_only == int8  # 6 rows: a program's, int8 too
 
 
 def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):
@@ -416,9 +416,9 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 
 @pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
-    """Batches of 1, 3 and 8 sentences of many lengths are served by four step programs (the
-    first step, one row per sentence, and the steps after it, three per sentence; each for at
-    most SMALL_ROWS rows, its products inline, and for more), one of the output layer, one of
+    """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (three
+    rows a sentence: the first step's rows are tiled before it; one for at most SMALL_ROWS
+    rows, its products inline, and one for more), one of the output layer, one of
     the encoder and one of the memory's keys and values, compiled by a
     first process (built at load, by the warm-up); a command line run loads them from the
     cache directory and decodes in its default layout (forked processes, where the machine
@@ -438,9 +438,9 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
                            "-precision", "fp32", "-beam_size", "3", "-batch_size", "3"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert first["programs"] == [[1, False], [1, True], [3, False], [3, True]]
+    assert first["programs"] == [[3, False], [3, True]]
     assert sorted(name.split("-")[0] for name in made) == [
-        "encoder", "memory", "output", "step", "step", "step", "step"]
+        "encoder", "memory", "output", "step", "step"]
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)

@@ -65,6 +65,7 @@ class KVCache:
         self.buffer = self.new(layers, 2, rows, heads, INITIAL_CAPACITY, dim, dtype=dtype,
                                device=device)
         self.rows = rows  # buffer rows in use: the first ``rows``
+        self.least_rows = 0  # buffer rows kept at least (spare_rows)
         self.length = 0
         self.slot = torch.arange(rows, device=device)  # buffer row of each logical row
         self.inverse = self.slot  # logical row held by each buffer row in use
@@ -85,8 +86,11 @@ class KVCache:
             self._resize(max(needed, 2 * capacity))
 
     def _resize(self, capacity: int) -> None:
-        shape = list(self.buffer.shape)  # its rows kept: joining sentences take those spare
-        shape[4] = capacity
+        """A buffer of ``capacity`` columns and of the rows in use only: rows of sentences that
+        ended are left behind (else a batch's last sentence, running on to the length limit,
+        would grow every row of its batch with it: zeroed memory, all of it resident)."""
+        shape = list(self.buffer.shape)
+        shape[2], shape[4] = max(self.rows, self.least_rows), capacity
         resized = self.new(shape, dtype=self.buffer.dtype, device=self.buffer.device)
         resized[:, :, :self.rows, :, :self.length] = self.live()
         self.buffer = resized
@@ -134,6 +138,7 @@ class KVCache:
     def spare_rows(self, rows: int) -> None:
         """Makes the buffer at least ``rows`` rows (spare ones zeroed), its contents kept: a
         compiled step takes buffers of at least two sentences' rows."""
+        self.least_rows = max(self.least_rows, rows)
         if rows > self.buffer.size(2):
             shape = list(self.buffer.shape)
             shape[2] = rows

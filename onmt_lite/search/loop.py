@@ -91,8 +91,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     sampling = isinstance(selection, Sampler)  # one token drawn per hypothesis
     processors = list(search.processors) + list(search.candidate_processors)
     stateful = any(p.stateful for p in processors)
-    # a. Encode once. The first step extends hypothesis 0 only, so it runs on one row per
-    # sentence; then every state row is repeated k times (rows are sentence-major: b * k + j).
+    # a. Encode once (the first step runs on one row per sentence: _decoder_step).
     memory, final = model.encode(src, src_len)
     dec.init_state(src_len, memory, final)
     paths = Paths(batch, k, bos, src.size(1) if keep_attention else 0, src_len.tolist(), device)
@@ -108,12 +107,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
             paths.trim()
         n, live = len(paths.live), paths.live
         # b. One decoder step for all live hypotheses.
-        if step == 1 and k > 1:
-            out, attn = yield from _ask(shared, "step", dec, paths.seqs[::k, -1])
-            dec.map_state(lambda state, dim: state.repeat_interleave(k, dim=dim))
-            out, attn = _repeat(out, k), attn.repeat_interleave(k, dim=0)
-        else:
-            out, attn = yield from _ask(shared, "step", dec, paths.seqs[:, -1])
+        out, attn = yield from _decoder_step(shared, dec, paths.seqs, k, step == 1 and k > 1)
         attn = attn.float()
         # c. Processors edit the step's log-probs; the rule ranks the candidates.
         if search.on_logits and any(p.acts(step) for p in search.processors):
@@ -297,6 +291,21 @@ def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
     if shared:
         return (yield kind, owner, x)
     return owner.step(x) if kind == "step" else owner.log_probs(x)
+
+
+def _decoder_step(shared: bool, dec, seqs: torch.Tensor, k: int, first: bool):
+    """The decoder's step for every live hypothesis (rows are sentence-major: b * k + j). At a
+    beam's ``first`` step they all extend hypothesis 0, so one row a sentence steps, then every
+    state row is repeated k times; a decoder that ``tiles_first_step`` has its rows repeated
+    before it (a compiled step: one program, that of k rows a sentence, serves every step)."""
+    tile = lambda state, dim: state.repeat_interleave(k, dim=dim)  # noqa: E731
+    if first and not getattr(dec, "tiles_first_step", False):
+        out, attn = yield from _ask(shared, "step", dec, seqs[::k, -1])
+        dec.map_state(tile)
+        return _repeat(out, k), attn.repeat_interleave(k, dim=0)
+    if first:
+        dec.map_state(tile)
+    return (yield from _ask(shared, "step", dec, seqs[:, -1]))
 
 
 def _repeat(out, k: int):
