@@ -416,9 +416,11 @@ print(json.dumps({"preds": out, "programs": sorted(translator.model.decoder.comp
 
 @pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
 def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vocab, tgt_vocab):
-    """Batches of 1, 3 and 8 sentences of many lengths are served by two step programs (three
-    rows a sentence: the first step's rows are tiled before it; one for at most SMALL_ROWS
-    rows, its products inline, and one for more), one of the output layer, one of
+    """Batches of 1, 3 and 8 sentences of many lengths are served by three step programs (one
+    row a sentence at the first step of more than SMALL_ROWS sentences, the warm-up's nine;
+    three rows a sentence after it, and at the first step of fewer, tiled before it: one for
+    at most SMALL_ROWS rows, its products inline, and one for more), one of the output layer,
+    one of
     the encoder and one of the memory's keys and values, compiled by a
     first process (built at load, by the warm-up); a command line run loads them from the
     cache directory and decodes in its default layout (forked processes, where the machine
@@ -438,9 +440,9 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
                            "-precision", "fp32", "-beam_size", "3", "-batch_size", "3"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert first["programs"] == [[3, False], [3, True]]
+    assert first["programs"] == [[1, False], [3, False], [3, True]]
     assert sorted(name.split("-")[0] for name in made) == [
-        "encoder", "memory", "output", "step", "step"]
+        "encoder", "memory", "output", "step", "step", "step"]
     assert made == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     uncompiled = build_translator({"model": model, "beam_size": 3, "precision": "fp32"})
     fast.to_fast(uncompiled.model.decoder)

@@ -231,12 +231,10 @@ class TransformerDecoder(nn.Module):
             return step.memory_kv(memory)
         return [layer.memory_kv(memory) for layer in self.layers]
 
-    @property
-    def tiles_first_step(self) -> bool:
+    def tiles_first_step(self, sentences: int) -> bool:
         """Whether a beam's first step runs on every hypothesis' row, not one a sentence
-        (search/loop.py): with -compile, so that one program (k rows a sentence) serves every
-        step: a program fewer to build, load and hold (its weights are its own)."""
-        return self.compiled_step is not None
+        (search/loop.py): with -compile, where its program says so (CompiledStep)."""
+        return self.compiled_step is not None and self.compiled_step.tiles_first_step(sentences)
 
     def map_state(self, fn: StateFn) -> None:
         """Applies ``fn(tensor, batch_dim)``, a selection of rows, to the decoder's state (see

@@ -296,10 +296,11 @@ def _ask(shared: bool, kind: str, owner, x: torch.Tensor):
 def _decoder_step(shared: bool, dec, seqs: torch.Tensor, k: int, first: bool):
     """The decoder's step for every live hypothesis (rows are sentence-major: b * k + j). At a
     beam's ``first`` step they all extend hypothesis 0, so one row a sentence steps, then every
-    state row is repeated k times; a decoder that ``tiles_first_step`` has its rows repeated
-    before it (a compiled step: one program, that of k rows a sentence, serves every step)."""
+    state row is repeated k times; where the decoder ``tiles_first_step``, before it (a
+    compiled step: the program of k rows a sentence serves it)."""
     tile = lambda state, dim: state.repeat_interleave(k, dim=dim)  # noqa: E731
-    if first and not getattr(dec, "tiles_first_step", False):
+    tiles = getattr(dec, "tiles_first_step", None)
+    if first and not (tiles is not None and tiles(seqs.size(0) // k)):
         out, attn = yield from _ask(shared, "step", dec, seqs[::k, -1])
         dec.map_state(tile)
         return _repeat(out, k), attn.repeat_interleave(k, dim=0)
