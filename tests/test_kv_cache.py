@@ -101,19 +101,17 @@ def test_a_resize_leaves_the_rows_of_ended_sentences_behind():
     rows in use only (zeroed memory is resident: the Argos package's batches of 12 with
     -compile -int8 peaked at 460 MiB, 357 without them), and keeps the spare rows a compiled
     step asked for."""
-    cache = KVCache(1, 12, 1, 1, torch.float, "cpu", zeroed=True)
-    cache.spare_rows(16)
-    cache.reserve(1)
-    cache.append(0, torch.arange(12.).view(12, 1, 1, 1), torch.zeros(12, 1, 1, 1))
-    cache.advance(1)
-    cache.reorder(torch.tensor([8, 9]), group=2)  # one sentence of six goes on: rows 8, 9
-    cache.reserve(INITIAL_CAPACITY)
-    assert cache.buffer.shape[2] == 16 and cache.buffer.size(4) == 2 * INITIAL_CAPACITY
-    cache.least_rows = 0  # no compiled step: the rows in use only
-    cache.reserve(2 * INITIAL_CAPACITY)
-    assert cache.buffer.shape[2] == 2 and cache.buffer.size(4) == 4 * INITIAL_CAPACITY
-    keys, _ = cache.logical(0)
-    assert keys[:, 0, 0, 0].tolist() == [8, 9]
+    for spare, rows in [(0, 2), (16, 16)]:  # (a compiled step's spare rows, rows kept)
+        cache = KVCache(1, 12, 1, 1, torch.float, "cpu", zeroed=True)
+        cache.spare_rows(spare)
+        cache.reserve(1)
+        cache.append(0, torch.arange(12.).view(12, 1, 1, 1), torch.zeros(12, 1, 1, 1))
+        cache.advance(1)
+        cache.reorder(torch.tensor([8, 9]), group=2)  # one sentence of six goes on: rows 8, 9
+        cache.reserve(INITIAL_CAPACITY)
+        assert cache.buffer.shape[2] == rows and cache.buffer.size(4) == 2 * INITIAL_CAPACITY
+        keys, _ = cache.logical(0)
+        assert keys[:, 0, 0, 0].tolist() == [8, 9] and not cache.buffer[:, :, 2:].any()
 
 
 @pytest.mark.parametrize("whole", [True, False], ids=["copied whole", "rows that move"])

@@ -13,8 +13,9 @@ What makes one program serve every step of every batch:
   position. An in-place write inside it would copy the whole cache at every step.
 - Rows, sources, source length, capacity and the cache's buffer rows are dynamic dimensions of
   one exported program; the rows per source row (``group``: one before the beam is tiled, the
-  beam size after it) is fixed in each, so a run builds at most two, and one for steps of a
-  few rows (SMALL_ROWS): a few sentences' first step is tiled before it (tiles_first_step).
+  beam size after it) is fixed in each, so a run builds at most two, and one more for steps
+  of a few rows (SMALL_ROWS), the beam's only: the first step of a few sentences has its rows
+  tiled before it (tiles_first_step).
 - Frozen: the weights are constants of the program, prepacked for the CPU's kernels (oneDNN's
   AMX/AVX-512 bf16 products, MKL's packed fp32 ones). Such weights cannot go through torch's
   compile cache, which is why the program is exported and compiled ahead of time: the package

@@ -91,7 +91,7 @@ def search_steps(model, src: torch.Tensor, src_len: torch.Tensor, search: Search
     sampling = isinstance(selection, Sampler)  # one token drawn per hypothesis
     processors = list(search.processors) + list(search.candidate_processors)
     stateful = any(p.stateful for p in processors)
-    # a. Encode once (the first step runs on one row per sentence: _decoder_step).
+    # a. Encode once (the first step, where every hypothesis is hypothesis 0: _decoder_step).
     memory, final = model.encode(src, src_len)
     dec.init_state(src_len, memory, final)
     paths = Paths(batch, k, bos, src.size(1) if keep_attention else 0, src_len.tolist(), device)
@@ -299,12 +299,12 @@ def _decoder_step(shared: bool, dec, seqs: torch.Tensor, k: int, first: bool):
     state row is repeated k times; where the decoder ``tiles_first_step``, before it (a
     compiled step: the program of k rows a sentence serves it)."""
     tile = lambda state, dim: state.repeat_interleave(k, dim=dim)  # noqa: E731
-    tiles = getattr(dec, "tiles_first_step", None)
-    if first and not (tiles is not None and tiles(seqs.size(0) // k)):
+    tiled = first and getattr(dec, "tiles_first_step", lambda _: False)(seqs.size(0) // k)
+    if first and not tiled:
         out, attn = yield from _ask(shared, "step", dec, seqs[::k, -1])
         dec.map_state(tile)
         return _repeat(out, k), attn.repeat_interleave(k, dim=0)
-    if first:
+    if tiled:
         dec.map_state(tile)
     return (yield from _ask(shared, "step", dec, seqs[:, -1]))
 
