@@ -117,7 +117,7 @@ async def answers(port: int, lines, clients: int = 4, per_request: int = 10):
 
 def one_server(start, args, lines, references, compiled: bool = False) -> dict:
     """One server's round; ``compiled``: after the warm-up (which loads the model), wait
-    until its programs are in place."""
+    until its programs are in place, if it compiles any."""
     from serve_bench import closed_loop, free_port, wait_compiled
     port = free_port()
     process = start(port)
@@ -151,9 +151,8 @@ def libretranslate_rounds(args, lines, work: str) -> dict:
     rounds = []
     for r in range(args.rounds):
         names = list(starts) if r % 2 == 0 else list(starts)[::-1]
-        compiled = "-compile" in shlex.split(args.serve_options)
         measured = {name: one_server(starts[name], args, lines, references,
-                                     compiled and name == "onmt_lite") for name in names}
+                                     name == "onmt_lite") for name in names}
         rounds.append(measured)
         print(f"round {r + 1}: " + "; ".join(
             f"{name} " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())

@@ -163,16 +163,17 @@ def wait_ready(process, port: int, path: str, timeout: float = 120) -> None:
 
 
 def wait_compiled(port: int, timeout: float = 900) -> None:
-    """Waits until every -compile model of the server decodes through its compiled programs
-    (/metrics: onmt_lite_model_compiled), built beside it after it loaded: figures are taken
-    from then on, not while it still answers uncompiled."""
+    """Waits until every model of the server that compiles (-compile, or stored in int8)
+    decodes through its compiled programs (/metrics: onmt_lite_model_compiled), built beside
+    it after it loaded: figures are taken from then on, not while it still answers
+    uncompiled. Returns at once where no model compiles."""
     import urllib.request
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
             states = re.findall(r'^onmt_lite_model_compiled\{[^}]*\} (\S+)$',
                                 answer.read().decode(), re.M)
-        if states and all(float(state) == 1 for state in states):
+        if all(float(state) == 1 for state in states):
             return
         time.sleep(0.2)
     raise RuntimeError(f"the server's programs were not in place after {timeout:.0f} s")

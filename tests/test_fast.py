@@ -549,6 +549,59 @@ def test_a_compile_server_answers_uncompiled_while_its_programs_are_built(tmp_pa
     assert children.count("multiprocessing.spawn") == 3, children  # two lanes and the builder
 
 
+STORED_INT8 = os.path.join(ROOT, "tests", "reference", "ct2_tiny", "prenorm_int8")
+STORED_FP32 = os.path.join(ROOT, "tests", "reference", "ct2_tiny", "prenorm_float32")
+
+
+def test_the_server_compiles_a_model_stored_in_int8_by_default(tmp_path, monkeypatch):
+    """The server's first build of a model stored in int8, its int8 default applied, loads only
+    the programs the compile cache holds (none here): it is served uncompiled and its programs
+    are to be built beside it. Not so for an fp32 model, int8 asked for (-int8), no C++
+    compiler here, or translate.py (which never waits a minute for a compiler unasked)."""
+    from onmt_lite.serve import building
+
+    def first(model, **options):
+        options = dict({"model": model, "compile_cache": str(tmp_path / "cache"),
+                        "compile_stored_int8": True, "given_options": frozenset()}, **options)
+        return building._built(building.first_build(options), str(tmp_path / "w"), "m")
+    built = first(STORED_INT8)
+    assert built.compile_later and not built.compiled and built.path is not None
+    assert not first(STORED_FP32).compile_later
+    assert not first(STORED_INT8, int8=True, given_options=frozenset({"int8"})).compile_later
+    assert not build_translator({"model": STORED_INT8}).compiles
+    monkeypatch.setattr(aot, "compiler_problem", lambda: "no C++ compiler found")
+    assert not first(STORED_INT8).compile_later
+
+
+@pytest.mark.skipif(aot.compiler_problem() is not None, reason="no C++ compiler here")
+def test_a_server_answers_a_model_stored_in_int8_uncompiled_while_its_programs_are_built(
+        tmp_path):
+    """No -compile given: a model stored in int8 is served at once on its uncompiled int8 path,
+    translate.py's answers, while a process of its own builds its programs. (One request at a
+    time: an int8 product quantises its input over all its rows, so a sentence's answer
+    depends on those decoded beside it.)"""
+    pytest.importorskip("fastapi", reason="the server needs the serve extra (fastapi)")
+    import httpx
+    from test_serve import Server
+    lines = ["man dog cat dog with near park", "man", "in bike the", "dog red blue"]
+    server = Server("-compile_cache", str(tmp_path / "cache"), "-max_length", "24",
+                    model=STORED_INT8, start_s=300)
+    try:
+        answers = [httpx.post(server.url + "/translator/translate", json=[{"src": line, "id": 0}],
+                              timeout=120).json()[0][0]["tgt"] for line in lines]
+        compiled = _compiled_metric(server)
+        log = "".join(server.log)
+        children = _children(server)
+    finally:
+        server.stop()
+    assert "stored in int8: it decodes on the fast path, compiled, with its own int8" in log
+    assert "beside it; it answers uncompiled meanwhile" in log and compiled == "0.0"
+    expected = [t.output_lines()[0] for t in build_translator(
+        {"model": STORED_INT8, "max_length": 24}).translate(lines, batch_size=1)]
+    assert answers == expected
+    assert children.count("multiprocessing.spawn") == 3, children  # two lanes and the builder
+
+
 def _children(server) -> str:
     return subprocess.run(["ps", "--ppid", str(server.process.pid), "-o", "args="],
                           capture_output=True, text=True).stdout

@@ -180,6 +180,12 @@ def compiled_step(model: NMTModel) -> Optional[CompiledStep]:
     return getattr(model.decoder, "compiled_step", None)
 
 
+def has_programs(model) -> bool:
+    """Whether ``model`` (an NMTModel or ensemble) decodes through compiled programs."""
+    return any(compiled_step(part) is not None or part.compiled_encoder is not None
+               for part in getattr(model, "models", [model]))
+
+
 def attach_programs(model, compile_cache: str = "") -> None:
     """The compiled programs of ``model`` (an NMTModel or ensemble read back from a file, as
     the server's lanes map it) loaded from ``compile_cache`` at their first call; without a

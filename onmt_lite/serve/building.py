@@ -52,9 +52,11 @@ class BuildFailed(Exception):
 
 
 def first_build(options: dict) -> dict:
-    """The options of a model's first build: a -compile model's programs only where the
-    compile cache holds them all (else the uncompiled fast path, which answers meanwhile)."""
-    return dict(options, compile_if_cached=True) if options.get("compile") else options
+    """The options of a model's first build: a -compile model's programs (and a model stored
+    in int8's: ``compile_stored_int8``) only where the compile cache holds them all (else the
+    uncompiled fast path, which answers meanwhile)."""
+    return dict(options, compile_if_cached=True) \
+        if options.get("compile") or options.get("compile_stored_int8") else options
 
 
 class Build:
@@ -155,19 +157,17 @@ def _send(conn, message: tuple) -> bool:
 
 def _built(options: dict, path: str, name: str) -> Built:
     from onmt_lite.models import aot
-    from onmt_lite.models.inference import compiled_step
+    from onmt_lite.models.inference import has_programs
     from onmt_lite.serve.weights import weights_bytes, write_translator
     from onmt_lite.translate.build import build_translator
     translator = build_translator(options)
     model = translator.model
-    compiled = bool(options.get("compile")) and any(
-        compiled_step(part) is not None or part.compiled_encoder is not None
-        for part in getattr(model, "models", [model]))
+    compiled = translator.compiles and has_programs(model)
     # a -compile build that compiled nothing (no compiler: build_translator said why) is not
     # served, the model decodes on as it does; but a first build is served uncompiled
-    written = (compiled or not options.get("compile") or options.get("compile_if_cached")) \
+    written = (compiled or not translator.compiles or options.get("compile_if_cached")) \
         and write_translator(translator, path, name)
-    later = bool(options.get("compile_if_cached")) and not compiled and \
-        aot.compiler_problem() is None
+    later = bool(options.get("compile_if_cached")) and translator.compiles and not compiled \
+        and aot.compiler_problem() is None
     return Built(translator.source_reader, SearchShape.of(model), weights_bytes(model),
                  translator.joinable(), path if written else None, compiled, later)

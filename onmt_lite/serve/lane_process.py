@@ -154,8 +154,8 @@ def _load(source):
     pipe."""
     if source.weights is not None:
         translator = torch.load(source.weights, mmap=True, weights_only=False)
-        if source.options.get("compile"):  # its programs load from the compile cache
-            from onmt_lite.models.inference import attach_programs
+        from onmt_lite.models.inference import attach_programs, has_programs
+        if has_programs(translator.model):  # its programs load from the compile cache
             attach_programs(translator.model, source.options.get("compile_cache") or "")
         return translator
     from onmt_lite.translate.build import build_translator  # in the child: after threads

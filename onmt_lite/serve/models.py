@@ -173,7 +173,7 @@ class ServedModel:
             self.loads += 1
             start = time.monotonic()
             options = dict(vars(self.options), keep_attention=self.options.replace_unk,
-                           inter_threads=1, workers=1)
+                           inter_threads=1, workers=1, compile_stored_int8=True)
             first = building.first_build(options)
             name = f"model{self.id}"
             then_lane = self.host.pool is None  # the first model: its builder is a lane next
@@ -205,7 +205,7 @@ class ServedModel:
                 logger.info("%s: its compiled programs are ready (from the compile cache): it "
                             "decodes through them", self.spec.describe())
                 self._compiled(True)
-            elif options.get("compile"):
+            elif options.get("compile") or built.compile_later:
                 self._compiled(False)
                 if built.compile_later:
                     threading.Thread(target=self._compile, args=(options, self.loads),
@@ -213,15 +213,16 @@ class ServedModel:
         self._reset_timer()
 
     def _compile(self, options: dict, load: int) -> None:
-        """-compile: the model's programs built in a process of their own while it answers
-        uncompiled (building.py), then its batcher swapped for one that decodes through them;
-        the old one finishes its sentences and goes."""
+        """-compile (and a model stored in int8, by default): the model's programs built in a
+        process of their own while it answers uncompiled (building.py), then its batcher
+        swapped for one that decodes through them; the old one finishes its sentences and
+        goes."""
         start, name = time.monotonic(), f"model{self.id}-compiled"
         with self.lock:
             if self.loads != load or self.state != "ready":
                 return
-            logger.info("%s: -compile: its programs are built (or loaded from the compile "
-                        "cache) beside it; it answers uncompiled meanwhile", self.spec.describe())
+            logger.info("%s: its programs are built (or loaded from the compile cache) "
+                        "beside it; it answers uncompiled meanwhile", self.spec.describe())
             self.compiler = build = building.Build(options, self.host.weights.path(name), name)
         try:
             built, failure = build.result(), ""

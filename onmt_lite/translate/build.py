@@ -27,7 +27,9 @@ def build_translator(opt) -> Translator:
     ``opt`` is a dict or a namespace with ``model``, ``gpu``, ``int8``, ``precision``,
     ``inter_threads`` and any DecodingOptions field. A model's generation defaults (Marian)
     apply to the options the user did not give: a dict's keys, or a namespace's
-    ``given_options``.
+    ``given_options``. ``compile_stored_int8`` (the server's): a model stored in int8 that
+    decodes on its int8 default also decodes through compiled programs, as -compile, where a
+    C++ compiler is found. The translator's ``compiles`` says whether it was to.
     """
     paths = _get(opt, "model")
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -41,7 +43,8 @@ def build_translator(opt) -> Translator:
     # team on a busy CPU waits for its descheduled threads (18% of a one-line run's time)
     torch.set_num_threads(1)
     try:
-        models, src_vocab, tgt_vocab, values, transform = _load(opt, paths, values, device)
+        models, src_vocab, tgt_vocab, values, transform, compile_ = _load(
+            opt, paths, values, device)
     finally:
         torch.set_num_threads(threads)
     max_src = _position_limits(models, values)
@@ -52,7 +55,8 @@ def build_translator(opt) -> Translator:
     workers = _get(opt, "workers") or 1
     translator = Translator(model, src_vocab, tgt_vocab, options, device, max_src,
                             1 if inter_threads is None else inter_threads, transform, workers)
-    if _get(opt, "compile"):
+    translator.compiles = compile_
+    if compile_:
         _compile_or_not(translator, models, device)
     return translator
 
@@ -130,16 +134,22 @@ def _load(opt, paths: List[str], values: dict, device: str):
     models = [model] + [_ensemble_member(other, device, src_vocab, tgt_vocab, path)
                         for other in paths[1:]]
     int8, fast = bool(_get(opt, "int8", False)), bool(_get(opt, "fast"))
+    compile_ = bool(_get(opt, "compile"))
     if stored_int8 and "precision" not in given and not int8:
         int8 = fast = True
-        logger.info("%s is stored in int8: it decodes on the fast path with its own int8 "
-                    "weights (-precision fp32: its weights dequantized, decoded exactly)", path)
+        # the server's default (compile_stored_int8): a lone sentence's steps through a
+        # program, a third faster, the larger batches' as fast (docs/serving.md)
+        compile_ = compile_ or bool(_get(opt, "compile_stored_int8")) and \
+            aot.compiler_problem() is None
+        logger.info("%s is stored in int8: it decodes on the fast path%s with its own int8 "
+                    "weights (-precision fp32: its weights dequantized, decoded exactly)", path,
+                    ", compiled," if compile_ else "")
     models = [for_inference(m, device, int8, _get(opt, "precision", "auto") or "auto", fast,
-                            bool(_get(opt, "compile")), _get(opt, "compile_cache", "") or "",
+                            compile_, _get(opt, "compile_cache", "") or "",
                             _get(opt, "int8_engine", "auto") or "auto", int8_rows=stored_int8,
                             build_programs=not _get(opt, "compile_if_cached", False))
               for m in models]
-    return models, src_vocab, tgt_vocab, values, transform
+    return models, src_vocab, tgt_vocab, values, transform, compile_
 
 
 def _ct2_transform(opt, ckpt, path: str):

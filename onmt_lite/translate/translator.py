@@ -52,6 +52,7 @@ class Translator:
     """
 
     beam_class = Beam
+    compiles = False  # built to decode through compiled programs (build_translator)
 
     def __init__(self, model, src_vocab, tgt_vocab, options: DecodingOptions = None,
                  device: str = "cpu", model_max_src_len: Optional[int] = None,
