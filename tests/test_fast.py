@@ -353,12 +353,15 @@ def test_a_compiled_model_written_for_the_lanes_loads_its_programs_again(tmp_pat
     assert len(built) > count and step.few_rows_only == int8  # 6 rows: a program's, int8 too
 
 
-def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(monkeypatch, caplog):
+def test_without_a_compiler_the_step_runs_uncompiled_after_one_line(caplog):
     from torch._inductor import config
-    monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-c++-compiler"))
-    assert "no C++ compiler found" in aot.compiler_problem()
-    with caplog.at_level(logging.WARNING, logger="onmt_lite"):
-        assert aot.aot_compiler() is None
+    # config.patch, not monkeypatch: monkeypatch's undo deletes the setting (hidden from then
+    # on in this process) where torch's config module gives it through __getattr__
+    with config.patch({"cpp.cxx": (None, "no-such-c++-compiler")}):
+        assert "no C++ compiler found" in aot.compiler_problem()
+        with caplog.at_level(logging.WARNING, logger="onmt_lite"):
+            assert aot.aot_compiler() is None
+    assert "no-such" not in (aot.compiler_problem() or "")  # the setting is back
     assert [r.getMessage() for r in caplog.records] == [
         "-compile: no C++ compiler found (looked for no-such-c++-compiler; set CXX to one): the "
         "model runs uncompiled"]
