@@ -19,14 +19,11 @@ from typing import Optional
 import torch
 
 from onmt_lite import argos, ct2_format, ct2_model, marian, onmt_py, transforms
+from onmt_lite.errors import CheckpointError  # noqa: F401 - raised here, imported from here
 from onmt_lite.models.model import NMTModel, build_model, model_options
 from onmt_lite.vocab import DEFAULT_SPECIALS, Vocab
 
 FORMAT, VERSION = "onmt_lite", 1
-
-
-class CheckpointError(ValueError):
-    """A file that is not a loadable checkpoint; the message names the file and the problem."""
 
 
 @dataclass

@@ -1,6 +1,15 @@
-"""Errors shared by the library and its commands."""
+"""Errors shared by the library and its commands. The command line catches them before it
+imports torch (a refused option is said at once), so none of them needs torch."""
 
 
 class OptionError(ValueError):
     """An option value, or a combination of options, that is refused. The commands exit with
     status 2 on it, as on an option the command line itself refuses."""
+
+
+class CheckpointError(ValueError):
+    """A file that is not a loadable checkpoint; the message names the file and the problem."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process ended without its batch (killed, out of memory, crashed)."""

@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from onmt_lite.cli import translate as translate_cli
+from onmt_lite.translate import build as translator_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "data", "multi30k_en_de.pt")
@@ -196,8 +197,8 @@ def test_attn_debug_and_attn_dump(tiny_model, tmp_path, caplog):
 def test_the_attention_is_kept_only_where_an_option_reads_it(reader, tiny_model, tmp_path,
                                                             monkeypatch):
     built = []
-    build = translate_cli.build_translator
-    monkeypatch.setattr(translate_cli, "build_translator",
+    build = translator_build.build_translator  # run imports it from there when it runs
+    monkeypatch.setattr(translator_build, "build_translator",
                         lambda opt: built.append(opt["keep_attention"]) or build(opt))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.txt").write_text("red cat runs\n")
@@ -396,7 +397,7 @@ def test_no_thread_options_leave_the_layout_to_the_machine(options, inter_thread
         given.update(opt)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(translate_cli, "build_translator", stop)
+    monkeypatch.setattr(translator_build, "build_translator", stop)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process keeps its own
     src = tmp_path / "in.txt"
     src.write_text("a\n")

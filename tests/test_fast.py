@@ -429,8 +429,10 @@ def test_one_compilation_serves_every_shape_and_later_processes(tmp_path, src_vo
     cache directory and decodes in its default layout (forked processes, where the machine
     has two cores: the compiled code is serial, so a child never waits on OpenMP threads it
     did not inherit); both find the uncompiled step's hypotheses."""
-    from conftest import tiny_checkpoint
-    model = tiny_checkpoint(tmp_path / "tiny.pt")
+    from conftest import TINY_TRANSFORMER, tiny_checkpoint
+    # one layer each: a program's export and lowering grow with its layers (CI's longest test)
+    model = tiny_checkpoint(tmp_path / "tiny.pt",
+                            opt={**TINY_TRANSFORMER, "enc_layers": 1, "dec_layers": 1})
     src, out, cache = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "cache"
     src.write_text("".join(line + "\n" for line in _lines(17, 5)))
     proc = subprocess.run([sys.executable, "-c", COMPILE_RUN, model, cache, src],

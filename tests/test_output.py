@@ -297,6 +297,24 @@ def test_an_output_that_is_an_input_is_refused(inputs, args, message):
     assert files_in(inputs) == before  # nothing written, nothing replaced
 
 
+REFUSED_BEFORE_TORCH = """
+import sys
+from onmt_lite.cli.translate import main
+status = main(sys.argv[1:])
+print(status, "torch" in sys.modules)
+"""
+
+
+def test_a_refused_command_is_said_before_torch_loads(inputs):
+    """Options and files are checked before the model's code is imported (torch alone takes
+    1.5-2 s): the error comes at once."""
+    run = subprocess.run([sys.executable, "-c", REFUSED_BEFORE_TORCH, "-model", "model.pt",
+                          "-src", "in.txt", "-output", "in.txt"], cwd=str(inputs),
+                         capture_output=True, text=True, timeout=300)
+    assert run.stdout == "2 False\n", run.stderr
+    assert "is the same file as -src in.txt" in run.stderr
+
+
 def test_a_written_through_file_may_be_shared_but_not_standard_output(tmp_path):
     model = tiny_checkpoint(tmp_path / "model.pt")
     run = cli(["-model", model, "-src", "-", "-output", "-", "-attn_dump", "-"], tmp_path,

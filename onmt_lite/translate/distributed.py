@@ -3,11 +3,10 @@
 Every rank reads and batches the whole input as one process does; each decodes a contiguous
 block of every shard's batches, and rank 0 gathers the blocks in batch order, so the output is
 the one-process output, byte for byte. gloo connects CPU workers, nccl GPU workers.
+torch.distributed is imported where it is used: the command line reads the rank before torch.
 """
 import os
 from typing import List, Optional, Tuple
-
-import torch.distributed as dist
 
 
 def world() -> Tuple[int, int]:
@@ -21,6 +20,7 @@ def local_rank() -> int:
 
 def join(gpu: bool) -> None:
     """Joins the process group torchrun describes (once)."""
+    import torch.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group("nccl" if gpu else "gloo")
 
@@ -32,6 +32,7 @@ def block(count: int, rank: int, size: int) -> range:
 
 def gather(results: list, rank: int, size: int) -> Optional[List]:
     """Every rank's results, in rank order, on rank 0 (None elsewhere)."""
+    import torch.distributed as dist
     parts = [None] * size if rank == 0 else None
     dist.gather_object(results, parts, dst=0)
     return [item for part in parts for item in part] if rank == 0 else None
@@ -40,6 +41,13 @@ def gather(results: list, rank: int, size: int) -> Optional[List]:
 def leave() -> None:
     """Waits for every rank, then leaves the group: a rank that exits while another still
     talks to it over gloo makes that one abort (SIGABRT) instead of ending cleanly."""
+    import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Waits for every rank."""
+    import torch.distributed as dist
+    dist.barrier()

@@ -24,13 +24,10 @@ from typing import Iterable, Iterator, List, Optional
 
 import torch
 
+from onmt_lite.errors import WorkerError
 from onmt_lite.parent_watch import end_with_parent
 
 _translator = None  # the Translator the children inherit through fork
-
-
-class WorkerError(RuntimeError):
-    """A worker process ended without its batch (killed, out of memory, crashed)."""
 
 
 def _start(parent: int) -> None:
