@@ -394,10 +394,10 @@ def test_openapi_documents_both_apis(client):
 
 
 @pytest.mark.skipif(not os.path.exists(TEST_SET), reason="needs ../shared (Multi30k test set)")
-def test_1000_sentences_from_32_clients_each_get_their_own_translation():
+def test_400_sentences_from_32_clients_each_get_their_own_translation():
     """Every answer is checked against translate.py's line for the same sentence; with
     -max_length_ratio 0 no rule depends on the other sentences of a batch."""
-    lines = open(TEST_SET, encoding="utf-8").read().splitlines()
+    lines = open(TEST_SET, encoding="utf-8").read().splitlines()[:400]
     translator = build_translator({"model": MODEL, "max_length_ratio": 0})
     expected = [t.output_lines()[0] for t in translator.translate(lines, batch_size=30)]
     server = Server("-max_length_ratio", "0")
