@@ -76,22 +76,25 @@ def main(argv=None) -> None:
     p.add_argument("-batch_size", type=int, default=32)
     p.add_argument("-runs", type=int, default=3)
     p.add_argument("-timeout", type=int, default=600, help="seconds per run at most")
+    p.add_argument("-loads", nargs="+", default=["idle", "busy"], choices=["idle", "busy"],
+                   help="the CPU as the runs find it, or every core kept busy by a spinner")
     p.add_argument("-json", help="also write the figures here")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
         src = os.path.join(work, "src.txt")
         with open(args.src, encoding="utf-8") as f, open(src, "w", encoding="utf-8") as out:
             out.writelines(line for _, line in zip(range(args.lines), f))
-        results = {"idle": measure(args, src, "idle")}
-        spinners = [multiprocessing.Process(target=_spin, daemon=True)
-                    for _ in range(os.cpu_count() or 1)]
-        for proc in spinners:
-            proc.start()
-        try:
-            results["busy"] = measure(args, src, "busy")
-        finally:
+        results = {"idle": measure(args, src, "idle")} if "idle" in args.loads else {}
+        if "busy" in args.loads:
+            spinners = [multiprocessing.Process(target=_spin, daemon=True)
+                        for _ in range(os.cpu_count() or 1)]
             for proc in spinners:
-                proc.terminate()
+                proc.start()
+            try:
+                results["busy"] = measure(args, src, "busy")
+            finally:
+                for proc in spinners:
+                    proc.terminate()
     print(f"{'setting':32} {'load':5} {'median s':>9} {'min-max s':>15} {'vs default':>10}")
     for load, table in results.items():
         for name, r in table.items():
