@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from onmt_lite import argos, ct2_format, ct2_model, marian, onmt_py, transforms
-from onmt_lite.errors import CheckpointError  # noqa: F401 - raised here, imported from here
+from onmt_lite.errors import CheckpointError
 from onmt_lite.models.model import NMTModel, build_model, model_options
 from onmt_lite.vocab import DEFAULT_SPECIALS, Vocab
 

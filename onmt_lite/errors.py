@@ -1,5 +1,5 @@
-"""Errors shared by the library and its commands. The command line catches them before it
-imports torch (a refused option is said at once), so none of them needs torch."""
+"""Errors shared by the library and its commands. The command line imports them before torch
+(it refuses bad options and files first, at once), so none of them may need torch."""
 
 
 class OptionError(ValueError):
